@@ -1,0 +1,1 @@
+"""Throughput benchmark suite: workloads, modes, peers, reports. Not needed at train time."""

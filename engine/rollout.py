@@ -1,0 +1,122 @@
+"""Streaming rollout on the actor engine: submit, stream, abort, resume.
+
+Owns: :class:`Sample` (one prompt's generation state in plain Python: tokens, sampling
+logprobs and the weight version of every token), request ids that SGLang's prefix-matching
+abort cannot confuse, streaming one sample while calling back with each new chunk, and
+resuming a partial sample with exactly its remaining token budget.
+
+Leaves out: which samples to launch or defer (the scheduler), scoring (``engine.reward``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Awaitable, Callable, Sequence
+
+from colocate.errors import ColocateError
+from engine.runtime import SglangEngine
+
+OnTokens = Callable[["Sample", list[int]], Awaitable[None] | None]
+
+
+class PromptTooLongError(ColocateError):
+    """A prompt plus its token budget does not fit the engine's context."""
+
+
+@dataclasses.dataclass
+class Sample:
+    """One prompt and everything generated for it so far."""
+
+    index: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # sampling logprobs
+    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
+    finish_reason: str | None = None  # stop | length | abort | None (not started)
+    attempts: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason in ("stop", "length")
+
+    def rid(self, tag: str) -> str:
+        """Fixed-width id: SGLang's abort matches by prefix, so no id may prefix another."""
+        return f"{tag}-{self.index:08d}-{self.attempts:04d}"
+
+
+def check_budget(samples: Sequence[Sample], context_length: int, field: str = "prompts") -> None:
+    """Refuse a sample whose prompt + budget cannot fit ``context_length``."""
+    for s in samples:
+        need = len(s.prompt_ids) + s.max_new_tokens
+        if need > context_length:
+            raise PromptTooLongError(
+                f"{field}[{s.index}]: {len(s.prompt_ids)} prompt tokens + max_new_tokens "
+                f"{s.max_new_tokens} = {need} > the actor's context length {context_length}; "
+                "shorten the prompt (data.max_prompt_tokens) or lower max_new_tokens"
+            )
+
+
+def _version(meta: dict[str, Any], default: int) -> int:
+    raw = meta.get("weight_version")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() else default
+
+
+async def stream_sample(
+    engine: SglangEngine,
+    sample: Sample,
+    sampling: dict[str, Any],
+    tag: str,
+    on_tokens: OnTokens | None = None,
+) -> Sample:
+    """Generate the rest of ``sample`` (at most ``sample.remaining`` tokens), appending
+    tokens, logprobs and versions as chunks arrive. Ends on stop, length or abort."""
+    if sample.remaining <= 0:
+        sample.finish_reason = "length"
+        return sample
+    params = {**sampling, "max_new_tokens": sample.remaining}
+    rid = sample.rid(tag)
+    sample.attempts += 1
+    seen = 0
+    stream = engine.generate_stream(rid, sample.prompt_ids + sample.output_ids, params)
+    async for chunk in stream:
+        meta = chunk["meta_info"]
+        ids = list(chunk["output_ids"][seen:])  # cumulative and live: copy the new part
+        lps = meta.get("output_token_logprobs") or []
+        if ids:
+            version = _version(meta, engine.weight_version)
+            sample.output_ids += ids
+            sample.logprobs += [float(lp[0]) for lp in lps[seen : seen + len(ids)]]
+            sample.versions += [version] * len(ids)
+            seen += len(ids)
+            if on_tokens is not None:
+                maybe = on_tokens(sample, ids)
+                if maybe is not None:
+                    await maybe
+        reason = meta.get("finish_reason")
+        if reason:
+            sample.finish_reason = reason["type"] if isinstance(reason, dict) else str(reason)
+    return sample
+
+
+async def generate(
+    engine: SglangEngine,
+    samples: Sequence[Sample],
+    sampling: dict[str, Any],
+    tag: str,
+    on_tokens: OnTokens | None = None,
+) -> list[Sample]:
+    """Stream every sample concurrently; return them when all have ended."""
+    check_budget(samples, engine.context_length)
+    await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens) for s in samples))
+    return list(samples)
+
+
+def abort(engine: SglangEngine, sample: Sample, tag: str) -> None:
+    """Abort the in-flight request of ``sample``; its stream returns the partial."""
+    engine.abort(f"{tag}-{sample.index:08d}-{sample.attempts - 1:04d}")

@@ -1,0 +1,286 @@
+"""Starting, driving and stopping one in-process SGLang engine.
+
+Owns: the engine configuration (:class:`EngineConfig`), checks that turn bad input into a
+one-line :class:`EngineStartError` before SGLang sees it (missing folder, wrong model
+family, non-causal reward model), and :class:`SglangEngine`, an adapter with one method
+per runtime operation colocate needs (streamed generate, abort, embedding/score request,
+bucketed weight update, cache flush, memory release/resume, shutdown of this engine's own
+processes only).
+
+Leaves out: what a rollout or a reward score means (``engine.rollout``,
+``engine.reward``); SGLang imports (``engine.sglang_api``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Literal
+
+import psutil
+
+from colocate.errors import ColocateError
+from engine import sglang_api
+
+Role = Literal["actor", "reward"]
+
+# Causal (decoder-only) sequence-classification models: a score at a position depends
+# only on the tokens before it, the only kind the incremental reward path is exact for.
+# Only architectures whose SGLang scores were checked equal to HF are accepted: SGLang
+# 0.5.23's Qwen2ForSequenceClassification adds a score bias no checkpoint fills (every
+# score shifted by a random constant), so it is refused until that is handled.
+CAUSAL_REWARD_ARCHS = frozenset({"LlamaForSequenceClassification"})
+
+
+class EngineStartError(ColocateError):
+    """An engine could not be started; the message is one line naming the cause."""
+
+
+class EngineDiedError(ColocateError):
+    """An engine's scheduler process is gone."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """How to start one SGLang engine. Defaults suit a 2-core CPU and small models."""
+
+    model_path: str
+    role: Role = "actor"
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"
+    seed: int = 0
+    context_length: int | None = None  # None: the model's max_position_embeddings
+    max_total_tokens: int | None = 65536  # KV pool size in tokens (None: SGLang sizes it)
+    mem_fraction_static: float = 0.3  # GPU memory share for weights + KV (GPU only)
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    attention_backend: str | None = None  # None: torch_native on CPU, SGLang's pick on GPU
+    log_level: str = "error"
+    enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
+    # Token counters incl. radix-cache hits (cache_stats). SGLang registers its metrics
+    # process-wide, so at most one engine per process may have them: the reward engine.
+    enable_metrics: bool | None = None  # None: on for the reward engine only
+
+    @property
+    def metrics_on(self) -> bool:
+        return self.role == "reward" if self.enable_metrics is None else self.enable_metrics
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} engine ({self.model_path})"
+
+
+def read_architecture(model_path: str, field: str) -> str:
+    """The ``architectures[0]`` of a model folder, or a one-line error naming ``field``."""
+    folder = Path(model_path).expanduser()
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise EngineStartError(
+            f"{field}: no model at '{model_path}' (no config.json there); "
+            "run `colocate prepare` or pass a Hugging Face model folder"
+        )
+    archs = json.loads(cfg.read_text()).get("architectures") or [""]
+    return archs[0]
+
+
+def check_model(cfg: EngineConfig, field: str) -> str:
+    """Validate the model folder for ``cfg.role`` before starting SGLang."""
+    arch = read_architecture(cfg.model_path, field)
+    if cfg.role == "actor" and not arch.endswith("ForCausalLM"):
+        raise EngineStartError(
+            f"{field}: '{cfg.model_path}' is a {arch or 'model without architectures'}; "
+            "the actor must be a causal LM (…ForCausalLM)"
+        )
+    if cfg.role == "reward" and arch not in CAUSAL_REWARD_ARCHS:
+        raise EngineStartError(
+            f"{field}: '{cfg.model_path}' is a {arch or 'model without architectures'}; "
+            "the reward model must be a causal (decoder-only) sequence-classification "
+            f"model, one of {sorted(CAUSAL_REWARD_ARCHS)}, so chunks can be scored incrementally"
+        )
+    return arch
+
+
+def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        model_path=str(Path(cfg.model_path).expanduser()),
+        device=device,
+        dtype=cfg.dtype,
+        random_seed=cfg.seed,
+        skip_tokenizer_init=True,
+        log_level=cfg.log_level,
+        sleep_on_idle=True,  # an idle scheduler otherwise spins a full core
+        context_length=cfg.context_length,
+        max_running_requests=cfg.max_running_requests,
+        enable_metrics=cfg.metrics_on,
+    )
+    if cfg.max_total_tokens is not None:
+        kw["max_total_tokens"] = cfg.max_total_tokens
+    if cfg.chunked_prefill_size is not None:
+        kw["chunked_prefill_size"] = cfg.chunked_prefill_size
+    if cfg.role == "reward":
+        kw["is_embedding"] = True
+    if device == "cpu":
+        kw["attention_backend"] = cfg.attention_backend or "torch_native"
+        kw["mem_fraction_static"] = 0.05  # CPU: the pool size comes from max_total_tokens
+        kw["disable_cuda_graph"] = True
+    else:
+        kw["mem_fraction_static"] = cfg.mem_fraction_static
+        kw["enable_memory_saver"] = cfg.enable_memory_saver
+        if cfg.attention_backend:
+            kw["attention_backend"] = cfg.attention_backend
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _start_error(cfg: EngineConfig, exc: BaseException) -> EngineStartError:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    low = text.lower()
+    if "duplicated timeseries" in low:
+        hint = "another engine in this process already has SGLang metrics on; set enable_metrics=False"
+    elif "memory" in low or "oom" in low or "exit code: -9" in low:
+        hint = "not enough memory: lower max_total_tokens / mem_fraction_static or use a smaller model"
+    elif "not supported" in low or "architecture" in low:
+        hint = "SGLang does not support this architecture"
+    else:
+        hint = "set log_level=info for SGLang's own log"
+    return EngineStartError(f"could not start the {cfg.label}: {hint} ({text[:200]})")
+
+
+class SglangEngine:
+    """One running SGLang engine; one method per runtime operation."""
+
+    def __init__(self, cfg: EngineConfig, *, field: str = "model_path"):
+        self.cfg = cfg
+        self.architecture = check_model(cfg, field)
+        platform = sglang_api.prepare(cfg.device)
+        self.device = platform.device
+        api = sglang_api.load()
+        self._api = api
+        started = time.perf_counter()
+        try:
+            self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
+        except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
+            raise _start_error(cfg, exc) from None
+        self.start_seconds = time.perf_counter() - started
+        self._model_name = _server_kwargs(cfg, platform.device)["model_path"]
+        self._child_pids = list(self._engine.get_all_child_pids())
+        self.weight_version = 0
+        self.closed = False
+
+    # ---- properties -------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._engine.loop
+
+    @property
+    def context_length(self) -> int:
+        return int(self._engine.tokenizer_manager.context_len)
+
+    @property
+    def child_pids(self) -> list[int]:
+        return list(self._child_pids)
+
+    def cache_stats(self) -> dict[str, float]:
+        """Totals of prompt tokens and of those served from the radix cache so far."""
+        if not self.cfg.metrics_on:
+            raise RuntimeError(f"the {self.cfg.label} was started without enable_metrics")
+        return sglang_api.token_counters(self._model_name)
+
+    def alive(self) -> bool:
+        return all(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in self._child_pids) and not self.closed
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            raise EngineDiedError(f"the {self.cfg.label} died (its scheduler process is gone)")
+
+    # ---- requests (async, on self.loop) ---------------------------------------------
+    def generate_stream(
+        self, rid: str, input_ids: list[int], sampling: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream cumulative ``output_ids`` and sampling logprobs of one request."""
+        obj = self._api.GenerateReqInput(
+            input_ids=input_ids, sampling_params=sampling, return_logprob=True,
+            stream=True, rid=rid,
+        )
+        return self._engine.tokenizer_manager.generate_request(obj, None)
+
+    async def score(self, rid: str, input_ids: list[int]) -> dict[str, Any]:
+        """One embedding/score request (reward engine)."""
+        obj = self._api.EmbeddingReqInput(input_ids=input_ids, rid=rid)
+        gen = self._engine.tokenizer_manager.generate_request(obj, None)
+        return await gen.__anext__()
+
+    def abort(self, rid: str) -> None:
+        """Abort one request; its stream ends with finish_reason 'abort'."""
+        self._engine.tokenizer_manager.abort_request(rid=rid)
+
+    # ---- control (sync; call while no request is in flight) --------------------------
+    def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int) -> float:
+        """Load named tensors bucket by bucket; flush the radix cache on the last bucket."""
+        started = time.perf_counter()
+        buckets = list(buckets)
+        self._engine.begin_weight_update()
+        try:
+            for i, bucket in enumerate(buckets):
+                last = i == len(buckets) - 1
+                ok, message = self._update_bucket(bucket, flush=last, version=version if last else None)
+                if not ok:
+                    raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
+        finally:
+            self._engine.end_weight_update()
+        self.weight_version = version
+        return time.perf_counter() - started
+
+    def _update_bucket(self, bucket, *, flush: bool, version: int | None):
+        payload = self._api.MultiprocessingSerializer.serialize(bucket)
+        obj = self._api.UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=[payload], flush_cache=flush,
+            weight_version=None if version is None else str(version),
+        )
+        out = self.loop.run_until_complete(
+            self._engine.tokenizer_manager.update_weights_from_tensor(obj, None)
+        )
+        return out if isinstance(out, tuple) else (out.success, out.message)
+
+    def flush_cache(self) -> None:
+        self._engine.flush_cache()
+
+    def release_memory(self) -> bool:
+        """Free weights and KV cache for training (GPU). Returns False where it is a no-op."""
+        if self.device != "cuda":
+            return False
+        self._engine.release_memory_occupation()
+        return True
+
+    def resume_memory(self, tags: list[str] | None = None) -> bool:
+        """Re-allocate ``tags`` (``["weights"]``, ``["kv_cache"]``, or all) on GPU."""
+        if self.device != "cuda":
+            return False
+        self._engine.resume_memory_occupation(tags)
+        return True
+
+    def shutdown(self) -> None:
+        """Stop this engine's processes only (``Engine.shutdown`` would kill every child
+        of the process, including another engine's scheduler)."""
+        if self.closed:
+            return
+        self.closed = True
+        watchdog = getattr(self._engine.tokenizer_manager, "_subprocess_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+        procs = []
+        for pid in self._child_pids:
+            try:
+                proc = psutil.Process(pid)
+                procs += [*proc.children(recursive=True), proc]
+            except psutil.NoSuchProcess:
+                continue
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)

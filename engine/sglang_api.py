@@ -1,0 +1,117 @@
+"""The one module that imports SGLang: version-dependent names and process set-up.
+
+Owns: preparing the process so SGLang's CPU engine path works (``SGLANG_USE_CPU_ENGINE``
+and, when the real ``sgl_kernel`` is absent, our two-op stand-in on the import path of
+this process and of the scheduler children it spawns), and importing the SGLang names
+colocate uses. Everything else in ``engine/`` goes through :func:`load`.
+
+Leaves out: engine lifetime and requests (``engine.runtime``), rollout and scoring logic.
+SGLang reads its CPU switch from the environment at import time, so these two variables
+are set here, once, before the first import; they are process set-up, not configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+SUPPORTED_SGLANG = ("0.5.",)
+_STANDIN_DIR = Path(__file__).resolve().parent / "cpu_kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """What the process found when it prepared SGLang."""
+
+    device: str  # "cuda" or "cpu"
+    sglang_version: str
+    kernel_standin: bool  # True when colocate's CPU stand-in replaces sgl_kernel
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _real_sgl_kernel_present() -> bool:
+    spec = importlib.util.find_spec("sgl_kernel")
+    if spec is None or spec.origin is None:
+        return False
+    return not Path(spec.origin).resolve().is_relative_to(_STANDIN_DIR)
+
+
+def _put_standin_on_path() -> None:
+    entry = str(_STANDIN_DIR)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if entry not in paths:  # spawned scheduler children import sgl_kernel too
+        os.environ["PYTHONPATH"] = os.pathsep.join([entry, *[p for p in paths if p]])
+
+
+@lru_cache(maxsize=1)
+def prepare(device: str = "auto") -> Platform:
+    """Set the process up for SGLang on ``device`` ("auto", "cpu" or "cuda"); idempotent.
+
+    The first call decides for the whole process (SGLang caches its platform)."""
+    use_cuda = _has_cuda() if device == "auto" else device == "cuda"
+    standin = False
+    if not use_cuda:
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        if not _real_sgl_kernel_present():
+            _put_standin_on_path()
+            standin = True
+    from importlib.metadata import version
+
+    ver = version("sglang")
+    if not ver.startswith(SUPPORTED_SGLANG):
+        raise RuntimeError(f"sglang {ver} is not supported; colocate needs sglang 0.5.x")
+    return Platform(device="cuda" if use_cuda else "cpu", sglang_version=ver, kernel_standin=standin)
+
+
+@lru_cache(maxsize=1)
+def load() -> SimpleNamespace:
+    """Import the SGLang names colocate uses (after :func:`prepare`)."""
+    prepare()
+    with warnings.catch_warnings():  # SGLang warns at import about CUDA-only quant kernels
+        warnings.simplefilter("ignore", UserWarning)
+        import sglang
+        from sglang.srt.managers.io_struct import (
+            EmbeddingReqInput,
+            GenerateReqInput,
+            UpdateWeightsFromTensorReqInput,
+        )
+        from sglang.srt.utils import MultiprocessingSerializer
+
+    return SimpleNamespace(
+        Engine=sglang.Engine,
+        EmbeddingReqInput=EmbeddingReqInput,
+        GenerateReqInput=GenerateReqInput,
+        UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
+        MultiprocessingSerializer=MultiprocessingSerializer,
+    )
+
+
+def token_counters(model_name: str) -> dict[str, float]:
+    """Prompt and cached-prefix token totals SGLang's metrics recorded for ``model_name``
+    (engines started with ``enable_metrics``). Embedding outputs carry no
+    ``cached_tokens`` in their ``meta_info``; these counters do, for every request."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    totals = {"prompt_tokens": 0.0, "cached_tokens": 0.0}
+    names = {"sglang:prompt_tokens_total": "prompt_tokens", "sglang:cached_tokens_total": "cached_tokens"}
+    for metric in registry.collect():
+        for sample in metric.samples:
+            key = names.get(sample.name)
+            if key and sample.labels.get("model_name") == model_name:
+                totals[key] += sample.value
+    return totals

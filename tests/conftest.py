@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random models built per session, and real SGLang engines on CPU.
+
+Engines are session-scoped (a start costs ~15 s on 2 cores); tests that change engine
+state (weights) restore it or use their own engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_actor_path(tiny_dir):
+    return str(build_tiny_causal_lm(tiny_dir / "actor", arch="llama", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_path(tiny_dir):
+    return str(build_tiny_causal_lm(tiny_dir / "qwen", arch="qwen2", seed=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_rm_path(tiny_dir):
+    return str(build_tiny_reward_model(tiny_dir / "rm", arch="llama", seed=2))
+
+
+@pytest.fixture(scope="session")
+def actor_engine(tiny_actor_path):
+    from engine.runtime import EngineConfig, SglangEngine
+
+    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", max_total_tokens=16384))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def reward_engine(tiny_rm_path):
+    from engine.runtime import EngineConfig, SglangEngine
+
+    eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", max_total_tokens=16384))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    torch.set_num_threads(2)
+    torch.manual_seed(0)

@@ -1,0 +1,34 @@
+"""Bad input to the engines gives one-line errors before SGLang is involved."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocate.models import build_tiny_bidirectional_model
+from engine.runtime import EngineConfig, EngineStartError, SglangEngine
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(EngineStartError, match=r"models.actor: no model at .*colocate prepare") as e:
+        SglangEngine(EngineConfig(str(tmp_path / "nope"), role="actor"), field="models.actor")
+    assert "\n" not in str(e.value)
+
+
+def test_non_causal_reward_model_is_refused(tmp_path):
+    path = build_tiny_bidirectional_model(tmp_path / "bert")
+    with pytest.raises(EngineStartError, match=r"models.reward: .*Bert.*causal") as e:
+        SglangEngine(EngineConfig(str(path), role="reward"), field="models.reward")
+    assert "\n" not in str(e.value)
+
+
+def test_reward_model_as_actor_is_refused(tiny_rm_path):
+    with pytest.raises(EngineStartError, match=r"models.actor: .*ForSequenceClassification.*causal LM"):
+        SglangEngine(EngineConfig(tiny_rm_path, role="actor"), field="models.actor")
+
+
+@pytest.mark.slow
+def test_engine_that_cannot_start_gives_one_line(tiny_actor_path):
+    cfg = EngineConfig(tiny_actor_path, role="actor", max_total_tokens=8, context_length=4096)
+    with pytest.raises(EngineStartError) as e:
+        SglangEngine(cfg, field="models.actor")
+    assert "\n" not in str(e.value) and "could not start the actor engine" in str(e.value)

@@ -1,0 +1,58 @@
+"""Weight updates through SGLang's tensor API, and the radix cache after them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine import rollout
+from engine.rollout import Sample
+from tests.integration.test_engine_actor import hf_greedy
+
+pytestmark = pytest.mark.slow
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+PROMPT = [1] + list(range(30, 90))  # long enough that a stale prefix would matter
+
+
+def buckets(model, max_numel):
+    """Named tensors grouped in buckets of at most ``max_numel`` elements."""
+    out, cur, size = [], [], 0
+    for name, t in model.state_dict().items():
+        if cur and size + t.numel() > max_numel:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append((name, t.detach().clone()))
+        size += t.numel()
+    return out + [cur] if cur else out
+
+
+def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine, tiny_actor_path):
+    run = actor_engine.loop.run_until_complete
+    base = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    before = Sample(0, PROMPT, 12)
+    run(rollout.generate(actor_engine, [before], GREEDY, "wold"))  # PROMPT now in the radix cache
+    assert before.output_ids == hf_greedy(base, PROMPT, 12)[0]
+
+    new = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp_min(1e-3))
+    want_tokens, want_logps = hf_greedy(new, PROMPT, 12)
+    assert want_tokens != before.output_ids  # the update really changes the greedy output
+
+    old_version = actor_engine.weight_version
+    seconds = actor_engine.update_weights(buckets(new, 20_000), version=old_version + 1)
+    try:
+        assert seconds > 0 and actor_engine.weight_version == old_version + 1
+        after = Sample(0, PROMPT, 12)
+        run(rollout.generate(actor_engine, [after], GREEDY, "wnew"))
+        assert after.output_ids == want_tokens
+        assert max(abs(a - b) for a, b in zip(after.logprobs, want_logps)) < 1e-4
+        assert set(after.versions) == {old_version + 1}
+    finally:  # restore the session engine's weights for other tests
+        actor_engine.update_weights(buckets(base, 10**9), version=old_version + 2)
+    again = Sample(0, PROMPT, 12)
+    run(rollout.generate(actor_engine, [again], GREEDY, "wbak"))
+    assert again.output_ids == before.output_ids

