@@ -40,14 +40,14 @@ class DataConfig:
 class RolloutConfig:
     batch_size: int = 8  # B: samples trained on per step
     max_new_tokens: int = 32
-    temperature: float = 1.0
+    temperature: float = 1.0  # 0: greedy (reproducible across engine restarts; for tests)
     top_p: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     kind: Literal["model", "rule"] = "model"
-    rule: str | None = None  # for kind=rule: "reasoning-gym" (the task's own scorer)
+    rule: str | None = None  # kind=rule: "vader" (sentiment) or "reasoning-gym" (the task's scorer)
     scale: float = 1.0
 
 
@@ -221,7 +221,7 @@ def validate(cfg: Config) -> None:
         (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
-        (cfg.rollout.temperature > 0, "rollout.temperature must be > 0 (PPO needs sampling)"),
+        (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
     ]
     for ok, message in checks:

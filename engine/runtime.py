@@ -61,12 +61,9 @@ class EngineConfig:
     log_level: str = "error"
     enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
     # Token counters incl. radix-cache hits (cache_stats). SGLang registers its metrics
-    # process-wide, so at most one engine per process may have them: the reward engine.
-    enable_metrics: bool | None = None  # None: on for the reward engine only
-
-    @property
-    def metrics_on(self) -> bool:
-        return self.role == "reward" if self.enable_metrics is None else self.enable_metrics
+    # process-wide and never unregisters them, so at most one engine per process lifetime
+    # may turn them on (e.g. a diagnostic reward engine); off by default.
+    enable_metrics: bool = False
 
     @property
     def label(self) -> str:
@@ -114,7 +111,7 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         sleep_on_idle=True,  # an idle scheduler otherwise spins a full core
         context_length=cfg.context_length,
         max_running_requests=cfg.max_running_requests,
-        enable_metrics=cfg.metrics_on,
+        enable_metrics=cfg.enable_metrics,
     )
     if cfg.max_total_tokens is not None:
         kw["max_total_tokens"] = cfg.max_total_tokens
@@ -184,7 +181,7 @@ class SglangEngine:
 
     def cache_stats(self) -> dict[str, float]:
         """Totals of prompt tokens and of those served from the radix cache so far."""
-        if not self.cfg.metrics_on:
+        if not self.cfg.enable_metrics:
             raise RuntimeError(f"the {self.cfg.label} was started without enable_metrics")
         return sglang_api.token_counters(self._model_name)
 
@@ -244,6 +241,11 @@ class SglangEngine:
             self._engine.tokenizer_manager.update_weights_from_tensor(obj, None)
         )
         return out if isinstance(out, tuple) else (out.success, out.message)
+
+    def read_weight(self, name: str, truncate: int = 100) -> list:
+        """The first ``truncate`` values of parameter ``name`` as the engine holds it
+        (HF name; for checking a sync)."""
+        return self._engine.get_weights_by_name(name, truncate)
 
     def flush_cache(self) -> None:
         self._engine.flush_cache()

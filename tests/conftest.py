@@ -44,7 +44,8 @@ def actor_engine(tiny_actor_path):
 def reward_engine(tiny_rm_path):
     from engine.runtime import EngineConfig, SglangEngine
 
-    eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", max_total_tokens=16384))
+    # the one engine of the test process with SGLang metrics on (they are process-global)
+    eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", max_total_tokens=16384, enable_metrics=True))
     yield eng
     eng.shutdown()
 

@@ -1,0 +1,124 @@
+"""Construct a :class:`~colocate.session.Session` from a config.
+
+Owns the start-up order: distributed group → model folders → SGLang engines on rank 0
+(before FSDP sharding, so the engines' spawned schedulers never inherit a process group)
+→ trainer → prompts and reward functions → optional resume.
+Leaves out: the step (``colocate.loop``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from colocate.config import Config
+from colocate.errors import ConfigError
+from colocate.rollout_phase import RewardFn
+from colocate.session import RunState, Session, resolve_model, tokenize_prompts
+from colocate.timesharing import TimeSharing
+
+
+def _engines(cfg: Config, actor_path: str, reward_path: str | None):
+    from engine.runtime import EngineConfig, SglangEngine
+
+    e = cfg.engines
+    actor = SglangEngine(
+        EngineConfig(actor_path, role="actor", device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
+                     max_total_tokens=e.actor_max_total_tokens, mem_fraction_static=e.mem_fraction_static,
+                     log_level=e.log_level),
+        field="models.actor")
+    reward = None
+    if reward_path is not None:
+        try:
+            reward = SglangEngine(
+                EngineConfig(reward_path, role="reward", device=e.device, dtype=cfg.models.dtype,
+                             seed=cfg.run.seed, max_total_tokens=e.reward_max_total_tokens,
+                             mem_fraction_static=e.mem_fraction_static, log_level=e.log_level),
+                field="models.reward")
+        except BaseException:
+            actor.shutdown()
+            raise
+    return actor, reward
+
+
+def _trainer(cfg: Config, actor_path: str, critic_path: str, dist):
+    from trainer.ppo_trainer import PPOTrainer, TrainerSettings
+
+    p = cfg.ppo
+    return PPOTrainer(TrainerSettings(
+        actor_path=actor_path, critic_path=critic_path, dtype=cfg.models.dtype, device=str(dist.device),
+        seed=cfg.run.seed, actor_lr=p.actor_lr, critic_lr=p.critic_lr, weight_decay=p.weight_decay,
+        max_grad_norm=p.max_grad_norm, epochs=p.epochs, minibatches=p.minibatches, clip_eps=p.clip_eps,
+        value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,
+        whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
+        is_cap=None, max_staleness=None, temperature=cfg.rollout.temperature or 1.0), dist)
+
+
+def _data(cfg: Config, tokenizer):
+    from colocate.tasks import load_prompt_source
+
+    prompts = load_prompt_source(cfg.data.source, None, cfg.data.seed)
+    return tokenize_prompts(tokenizer, prompts, cfg.data.max_prompt_tokens)
+
+
+def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
+    fns = list(extra)
+    if cfg.reward.kind == "rule":
+        from colocate import tasks
+
+        if cfg.reward.rule == "vader":
+            fns.append(tasks.sentiment_reward)
+        elif cfg.reward.rule == "reasoning-gym":
+            if not cfg.data.source.startswith("reasoning-gym:"):
+                raise ConfigError("reward.rule=reasoning-gym needs data.source=reasoning-gym:<task>")
+            fns.append(tasks.reasoning_gym_reward(cfg.data.source.split(":", 1)[1]))
+        else:
+            raise ConfigError(f"reward.rule: unknown rule '{cfg.reward.rule}'; use vader or reasoning-gym")
+    return fns
+
+
+def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
+          log: Callable[[str], None] = print) -> Session:
+    from transformers import AutoTokenizer
+
+    from trainer.distributed import init_distributed
+    from trainer.kl_control import make_kl_controller
+
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    if cfg.run.train_threads > 0:
+        torch.set_num_threads(cfg.run.train_threads)
+    device = cfg.engines.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dist = init_distributed(device)
+    actor_path = resolve_model(cfg.models.actor, "models.actor")
+    use_rm = cfg.reward.kind == "model"
+    reward_path = resolve_model(cfg.models.reward, "models.reward") if use_rm else None
+    critic_path = resolve_model(cfg.models.critic, "models.critic") if cfg.models.critic else actor_path
+    fns = _reward_fns(cfg, reward_fns)
+    tokenizer = AutoTokenizer.from_pretrained(actor_path)
+    prompts = _data(cfg, tokenizer)
+    actor = reward = None
+    if dist.rank == 0:
+        actor, reward = _engines(cfg, actor_path, reward_path)
+        log(f"engines up: actor {actor.start_seconds:.1f} s"
+            + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
+    try:
+        trainer = _trainer(cfg, actor_path, critic_path, dist)
+        p = cfg.ppo
+        kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
+        out_dir = Path(cfg.run.out_dir)
+        session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
+                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log)
+        if resume is not None:
+            session.restore(Path(resume))
+    except BaseException:
+        for eng in (reward, actor):
+            if eng is not None:
+                eng.shutdown()
+        raise
+    return session

@@ -1,0 +1,85 @@
+"""Checkpoints: atomic, verifiable, world-size independent.
+
+Owns: writing a checkpoint folder (trainer state, run state incl. KL controller, data
+position, RNG and the deferred buffer) so that a crash mid-write never damages the last
+good one: everything is written into a temporary sibling, a manifest with SHA-256
+checksums is added, and the folder is renamed into place. Loading verifies the manifest.
+
+Leaves out: what the states contain (the trainer and the loop produce them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from colocate.errors import ColocateError
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ColocateError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``parts`` (name → torch-serialisable object) as ``root/step_XXXXXXXX``."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    files = {}
+    for name, obj in parts.items():
+        path = tmp / f"{name}.pt"
+        torch.save(obj, path)
+        files[path.name] = _sha256(path)
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest(path: Path) -> Path:
+    """``path`` itself if it is a checkpoint, else its newest valid ``step_*`` child."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    for cand in sorted(root.glob("step_*"), reverse=True):
+        if (cand / MANIFEST).is_file():
+            return cand
+    raise CheckpointError(f"--resume: no checkpoint under '{path}' (expected step_*/manifest.json)")
+
+
+def load(path: Path) -> tuple[int, dict[str, Any]]:
+    """Verify and load a checkpoint folder; returns (step, parts)."""
+    manifest = json.loads((path / MANIFEST).read_text())
+    parts = {}
+    for fname, digest in manifest["files"].items():
+        fpath = path / fname
+        if not fpath.is_file() or _sha256(fpath) != digest:
+            raise CheckpointError(f"--resume: checkpoint '{path}' is corrupt ({fname} fails its checksum)")
+        parts[fname[: -len(".pt")]] = torch.load(fpath, map_location="cpu", weights_only=False)
+    return int(manifest["step"]), parts

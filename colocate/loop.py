@@ -1,0 +1,124 @@
+"""The PPO step loop, sequential form: it reads like the algorithm.
+
+generate → score → ref logp, old logp, values → advantages → critic and actor epochs →
+weight sync (with the sleep/wake order of ``colocate.timesharing``) → KL control →
+metrics → checkpoint. Rank 0 runs the engines and broadcasts the rollout to the other
+ranks; every rank trains its FSDP shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+from colocate import metrics as mlog
+from colocate.metrics import PhaseTimer
+from colocate.rollout_phase import run_sequential, sampling_params
+from colocate.session import Session
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutData:
+    """What every rank needs of a rollout (plain lists: cheap to broadcast)."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    logprobs: list[list[float]]
+    versions: list[list[int]]
+    scores: list[float]
+    seconds: dict[str, float]
+
+
+def rollout(s: Session) -> RolloutData | None:
+    """Generate and score a batch on rank 0 (``None`` on other ranks)."""
+    prompts = s.next_prompts(s.cfg.rollout.batch_size)
+    if not s.is_main:
+        return None
+    r = s.cfg.rollout
+    eos = [t for t in {s.tokenizer.eos_token_id, s.tokenizer.pad_token_id} if t is not None]
+    out = run_sequential(
+        s.actor, prompts, r.max_new_tokens, sampling_params(r.temperature, r.top_p, eos), s.state.step,
+        reward_engine=s.reward_engine, reward_fns=s.reward_fns,
+        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
+    scale = s.cfg.reward.scale
+    return RolloutData([list(p.ids) for p in prompts], [x.output_ids for x in out.samples],
+                       [x.logprobs for x in out.samples], [x.versions for x in out.samples],
+                       [v * scale for v in out.scores], out.seconds)
+
+
+def step(s: Session) -> dict[str, Any]:
+    """One PPO step; returns its metrics."""
+    from trainer.batch import make_batch
+    from trainer.distributed import broadcast_object
+
+    timer, t_step = PhaseTimer(), time.perf_counter()
+    data = broadcast_object(rollout(s), s.dist)
+    timer.seconds.update(data.seconds)
+    pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0
+    batch = make_batch(data.prompts, data.responses, pad, data.scores, data.logprobs, data.versions)
+    with timer("sleep_wake"):
+        s.timesharing.sleep_engines()
+    with timer("ref"):
+        ref_logp = s.trainer.ref_logprobs(batch)
+    with timer("old_logp"):
+        old_logp = s.trainer.old_logprobs(batch)
+    with timer("values"):
+        values = s.trainer.values(batch)
+    with timer("advantages"):
+        adv, returns, _, kl = s.trainer.advantages(batch, old_logp, ref_logp, values, s.kl_ctl.value)
+    with timer("critic"):
+        critic_stats = s.trainer.train_critic(batch, values, returns)
+    with timer("actor"):
+        actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version)
+    sync_s = s.timesharing.wake_and_sync(s.sync_weights)
+    timer.seconds["sync"] = sync_s
+    mask = batch.response_mask.float()
+    mean_kl = float((kl * mask).sum(-1).mean())
+    s.kl_ctl.update(mean_kl, len(data.scores))
+    s.state.step += 1
+    return _record(s, data, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+
+
+def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
+    n_tokens = sum(len(r) for r in data.responses)
+    rec = {
+        "step": s.state.step,
+        "reward_mean": statistics.fmean(data.scores),
+        "reward_std": statistics.pstdev(data.scores),
+        "response_len": n_tokens / len(data.responses),
+        "kl": mean_kl,
+        "kl_coef": s.kl_ctl.value,
+        "weight_version": s.state.weight_version,
+        "step_s": step_s,
+        "response_tokens_per_s": n_tokens / step_s,
+        "trained_samples_per_s": len(data.scores) / step_s,
+        **{f"time/{k}": v for k, v in timer.seconds.items()},
+        **{f"actor/{k}": v for k, v in actor_stats.items()},
+        **{f"critic/{k}": v for k, v in critic_stats.items()},
+    }
+    return rec
+
+
+def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None) -> list[dict[str, Any]]:
+    """Run steps until ``run.steps``; log every step, checkpoint every ``run.save_every``."""
+    log = mlog.MetricsLog(s.out_dir, enabled=s.is_main)
+    history = []
+    try:
+        while s.state.step < s.cfg.run.steps:
+            rec = step(s)
+            history.append(rec)
+            log.write(rec)
+            for cb in callbacks:
+                cb(rec)
+            if progress is not None:
+                progress(rec)
+            last = s.state.step == s.cfg.run.steps
+            if s.cfg.run.save_every > 0 and (s.state.step % s.cfg.run.save_every == 0 or last):
+                s.save_checkpoint()
+    finally:
+        log.close()
+    return history

@@ -1,0 +1,88 @@
+"""The generate and score phases of one PPO step (rank 0, where the engines live).
+
+Owns: turning prompts into :class:`engine.rollout.Sample` requests, running them on the
+actor engine, and scoring the results with the reward engine and/or Python reward
+functions (sync or async). Sequential mode: scoring starts after generation ends.
+
+Leaves out: the overlapped variants (streamed scoring, deferral) and training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from typing import Any, Callable, Sequence
+
+from engine import reward as rm
+from engine import rollout
+from engine.rollout import Sample
+
+RewardFn = Callable[[dict[str, Any], str], Any]  # (prompt record, response text) -> float
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One tokenized prompt with its source record (kept for rule rewards)."""
+
+    ids: tuple[int, ...]
+    record: dict[str, Any]
+
+
+@dataclasses.dataclass
+class RolloutOutput:
+    samples: list[Sample]
+    scores: list[float]
+    seconds: dict[str, float]
+
+
+def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int]) -> dict[str, Any]:
+    return {"temperature": temperature, "top_p": top_p, "stop_token_ids": list(stop_ids)}
+
+
+async def _call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
+    value = fn(record, text)
+    if inspect.isawaitable(value):
+        value = await value
+    return float(value)
+
+
+async def score_samples(
+    samples: Sequence[Sample],
+    prompts: Sequence[Prompt],
+    *,
+    reward_engine=None,
+    reward_fns: Sequence[RewardFn] = (),
+    decode: Callable[[list[int]], str] | None = None,
+    tag: str,
+) -> list[float]:
+    """Sum of the reward model's score (if any) and every reward function's value."""
+    totals = [0.0] * len(samples)
+    if reward_engine is not None:
+        seqs = [list(p.ids) + s.output_ids for s, p in zip(samples, prompts)]
+        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag)):
+            totals[i] += v
+    if reward_fns:
+        texts = [decode(s.output_ids) for s in samples]
+        for fn in reward_fns:
+            vals = await asyncio.gather(*(_call_reward_fn(fn, p.record, t) for p, t in zip(prompts, texts)))
+            totals = [a + b for a, b in zip(totals, vals)]
+    return totals
+
+
+def run_sequential(
+    actor, prompts: Sequence[Prompt], max_new_tokens: int, sampling: dict[str, Any], step: int,
+    *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None,
+) -> RolloutOutput:
+    """Generate all samples, then score them."""
+    import time
+
+    samples = [Sample(i, list(p.ids), max_new_tokens) for i, p in enumerate(prompts)]
+    tag = f"st{step:07d}"
+    t0 = time.perf_counter()
+    actor.loop.run_until_complete(rollout.generate(actor, samples, sampling, tag))
+    t1 = time.perf_counter()
+    scores = actor.loop.run_until_complete(score_samples(
+        samples, prompts, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm"))
+    t2 = time.perf_counter()
+    return RolloutOutput(samples, scores, {"generate": t1 - t0, "reward_tail": t2 - t1})

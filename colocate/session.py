@@ -1,0 +1,126 @@
+"""Building a run: models resolved, engines started (rank 0), trainer built, data loaded.
+
+Owns: :class:`Session`, everything a PPO run holds between steps, and its construction
+from a :class:`~colocate.config.Config` — including resuming from a checkpoint (trainer,
+KL controller, data position, weight version, RNG) and pushing the restored actor weights
+into the engine. Leaves out: the step itself (``colocate.loop``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from colocate import checkpoint, weight_sync
+from colocate.config import Config
+from colocate.errors import ConfigError
+from colocate.rollout_phase import Prompt, RewardFn
+from colocate.timesharing import TimeSharing
+
+
+@dataclasses.dataclass
+class RunState:
+    """Plain-Python progress of a run; saved in every checkpoint."""
+
+    step: int = 0
+    data_pos: int = 0
+    weight_version: int = 0
+    kl: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def resolve_model(spec: str, field: str) -> str:
+    """A model folder for ``spec``: the packaged aliases are prepared (once) on demand."""
+    from colocate import api
+
+    aliases = api.model_aliases()
+    if spec in aliases:
+        return str(aliases[spec]())
+    if not Path(spec).expanduser().is_dir():
+        raise ConfigError(f"{field}: '{spec}' is neither a model folder nor one of {sorted(aliases)}")
+    return str(Path(spec).expanduser())
+
+
+def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
+    """Chat-format and tokenize ``colocate.tasks.Prompt`` items; prompts longer than
+    ``max_tokens`` are refused."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        msgs = [{"role": "user", "content": prompt.text}]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        if len(ids) > max_tokens:
+            raise ConfigError(
+                f"data: prompt {i} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
+                "raise data.max_prompt_tokens or shorten the prompt")
+        out.append(Prompt(tuple(int(t) for t in ids), dict(prompt.meta)))
+    return out
+
+
+@dataclasses.dataclass
+class Session:
+    cfg: Config
+    dist: Any
+    trainer: Any
+    actor: Any  # SglangEngine on rank 0, None elsewhere
+    reward_engine: Any
+    reward_fns: list[RewardFn]
+    tokenizer: Any
+    prompts: list[Prompt]
+    kl_ctl: Any
+    state: RunState
+    timesharing: TimeSharing
+    out_dir: Path
+    log: Callable[[str], None]
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.rank == 0
+
+    def next_prompts(self, n: int) -> list[Prompt]:
+        """The next ``n`` prompts in a fixed, seeded cycle over the prompt set."""
+        picked = [self.prompts[(self.state.data_pos + i) % len(self.prompts)] for i in range(n)]
+        self.state.data_pos += n
+        return picked
+
+    def sync_weights(self) -> float:
+        """Push the trainer's actor weights to the engine as a new version."""
+        full = self.trainer.actor_state_for_sync()
+        self.state.weight_version += 1
+        if not self.is_main:
+            return 0.0
+        return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
+
+    def save_checkpoint(self) -> Path | None:
+        trainer_state = self.trainer.state_dict()
+        if not self.is_main:
+            return None
+        self.state.kl = self.kl_ctl.state_dict()
+        parts = {
+            "trainer": trainer_state,
+            "run": dataclasses.asdict(self.state),
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        }
+        return checkpoint.save(self.out_dir / "checkpoints", self.state.step, parts,
+                               keep=self.cfg.run.keep_checkpoints)
+
+    def restore(self, path: Path) -> None:
+        step, parts = checkpoint.load(checkpoint.latest(path))
+        self.trainer.load_state_dict(parts["trainer"])
+        self.state = RunState(**parts["run"])
+        self.kl_ctl.load_state_dict(self.state.kl)
+        random.setstate(parts["rng"]["python"])
+        torch.set_rng_state(parts["rng"]["torch"])
+        self.log(f"resumed from step {step}")
+        version = self.state.weight_version
+        self.state.weight_version = version - 1
+        self.sync_weights()  # engine restarts at the base weights: push the trained ones
+
+    def close(self) -> None:
+        for eng in (self.reward_engine, self.actor):
+            if eng is not None:
+                eng.shutdown()

@@ -1,0 +1,326 @@
+"""PPOTrainer on FSDP2 over gloo on CPU, with tiny random Llama models.
+
+World size 1 runs in the test process (a one-process group on a loopback port, torn down
+after the module); world size 2 runs in two spawned processes and must reach the same
+weights as world size 1 on the same batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainer import ppo_math
+from trainer.batch import TrainBatch, make_batch
+from trainer.critic import ValueModel
+from trainer.distributed import DistInfo, broadcast_object, free_port, init_distributed
+from trainer.ppo_trainer import PPOTrainer, TrainerSettings
+
+ROWS = 8
+
+
+def rollout_batch(seed: int, rows: int = ROWS, version: int = 0) -> TrainBatch:
+    """Ragged random prompts (2-6 tokens) and responses (1-6 tokens) of tiny-vocabulary ids."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(lo: int, hi: int) -> list[int]:
+        return torch.randint(3, 250, (int(torch.randint(lo, hi + 1, (1,), generator=gen)),), generator=gen).tolist()
+
+    prompts = [ids(2, 6) for _ in range(rows)]
+    responses = [ids(1, 6) for _ in range(rows)]
+    scores = torch.randn(rows, generator=gen).tolist()
+    behaviour = [(-5.5 + 0.3 * torch.randn(len(r), generator=gen)).tolist() for r in responses]
+    return make_batch(prompts, responses, 0, scores, behaviour, [[version] * len(r) for r in responses])
+
+
+def settings_for(actor_path: str, **overrides) -> TrainerSettings:
+    base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=4, seed=0)
+    return TrainerSettings(**(base | overrides))
+
+
+def ppo_step(trainer: PPOTrainer, batch: TrainBatch, version: int = 0) -> dict:
+    """The no-grad phases, advantages, then one train_critic and one train_actor."""
+    old, ref, values = trainer.old_logprobs(batch), trainer.ref_logprobs(batch), trainer.values(batch)
+    adv, returns, _, _ = trainer.advantages(batch, old, ref, values, kl_coef=0.1)
+    critic = trainer.train_critic(batch, values, returns)
+    actor = trainer.train_actor(batch, old, adv, current_version=version)
+    return {"critic": critic, "actor": actor, "old": old, "adv": adv}
+
+
+def assert_same_tensors(a, b, exact: bool = True, where: str = "", **tol) -> None:
+    """Nested dicts/lists/tuples of tensors and plain values are equal (tuples == lists)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_tensors(a[key], b[key], exact, f"{where}.{key}", **tol)
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, exact, f"{where}[{i}]", **tol)
+    elif isinstance(a, torch.Tensor):
+        if exact:
+            assert torch.equal(a, b), where
+        else:
+            torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{where}: {m}")
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models are overhead-bound; on a shared 2-core machine two intra-op threads wait on
+    each other (measured ~20x slower per op while another process holds a core)."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def world1():
+    created = not dist.is_initialized()
+    info = init_distributed("cpu")
+    yield info
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def trainer(world1, tiny_actor_path):
+    return PPOTrainer(settings_for(tiny_actor_path), world1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_old_logprobs_match_plain_hf_forward(world1, request, arch):
+    from transformers import AutoModelForCausalLM
+
+    path = request.getfixturevalue("tiny_actor_path" if arch == "llama" else "tiny_qwen_path")
+    trainer = PPOTrainer(settings_for(path), world1)
+    batch = rollout_batch(1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    old = trainer.old_logprobs(batch)
+    assert old.shape == batch.responses.shape
+    with torch.no_grad():
+        for b in range(batch.size):
+            start, n = int(batch.response_start[b]), int(batch.response_mask[b].sum())
+            ids = batch.input_ids[b, : start + n][None]
+            logp = torch.log_softmax(model(ids).logits[0].float(), -1)  # [L, V]
+            expected = logp[start - 1 : start + n - 1].gather(-1, ids[0, start:, None])[:, 0]
+            torch.testing.assert_close(old[b, :n], expected, rtol=0, atol=1e-5)
+            assert torch.all(old[b, n:] == 0)
+    assert torch.equal(trainer.ref_logprobs(batch), old)  # before any update
+
+
+def test_train_step_moves_actor_not_reference(trainer):
+    batch = rollout_batch(2)
+    before = trainer.actor_state_for_sync()
+    ref_before = trainer.ref_logprobs(batch)
+    out = ppo_step(trainer, batch)
+    assert out["adv"].abs().sum() > 0
+    for key in ("policy_loss", "clip_frac", "approx_kl", "entropy", "grad_norm"):
+        assert math.isfinite(out["actor"][key]), key
+    for key in ("value_loss", "vf_clip_frac", "grad_norm"):
+        assert math.isfinite(out["critic"][key]), key
+    assert out["actor"]["steps"] == out["critic"]["steps"] == 2 and out["actor"]["skipped_steps"] == 0
+    after = trainer.actor_state_for_sync()
+    assert after.keys() == before.keys() and "lm_head.weight" in after
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    ref_after = trainer.ref_logprobs(batch)
+    assert torch.equal(ref_before, ref_after)
+    kl = ppo_math.kl_estimate(trainer.old_logprobs(batch), ref_after, "k3")
+    assert ppo_math.masked_mean(kl, batch.response_mask) > 0
+
+
+def test_nan_advantage_skips_the_step(world1, tiny_actor_path):
+    trainer = PPOTrainer(settings_for(tiny_actor_path, minibatches=1), world1)
+    batch = rollout_batch(3)
+    old = trainer.old_logprobs(batch)
+    adv = torch.where(batch.response_mask, torch.ones_like(old), torch.zeros_like(old))
+    adv[0, 0] = float("nan")
+    before = trainer.actor_state_for_sync()
+    stats = trainer.train_actor(batch, old, adv, current_version=0)
+    assert stats["skipped_steps"] == 1 and stats["steps"] == 0
+    assert_same_tensors(before, trainer.actor_state_for_sync())
+    assert not trainer.actor_optim.state  # AdamW never stepped
+    stats = trainer.train_actor(batch, old, torch.nan_to_num(adv, nan=1.0), current_version=0)
+    assert stats["steps"] == 1  # the trainer is still usable
+
+
+def test_all_stale_tokens_train_nothing_and_is_weights_run(world1, tiny_actor_path):
+    stale = PPOTrainer(settings_for(tiny_actor_path, max_staleness=1, is_cap=2.0), world1)
+    batch = rollout_batch(4, version=0)
+    before = stale.actor_state_for_sync()
+    old = stale.old_logprobs(batch)
+    stats = stale.train_actor(batch, old, torch.ones_like(old), current_version=5)
+    assert stats["empty_steps"] == 2 and stats["steps"] == 0
+    assert_same_tensors(before, stale.actor_state_for_sync())
+    stats = stale.train_actor(batch, old, torch.ones_like(old), current_version=1)  # all fresh enough
+    assert stats["steps"] == 2 and math.isfinite(stats["policy_loss"])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_does_not_change_the_update(world1, tiny_actor_path, agg):
+    batch = rollout_batch(5)
+    results = []
+    for micro in (4, 1):
+        trainer = PPOTrainer(settings_for(tiny_actor_path, loss_agg=agg, micro_batch=micro), world1)
+        old = trainer.old_logprobs(batch)
+        trainer.train_actor(batch, old, batch.response_mask.float() * batch.scores[:, None], current_version=0)
+        results.append(trainer.actor_state_for_sync())
+    assert_same_tensors(*results, exact=False, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_round_trip_and_resume(world1, tiny_actor_path):
+    settings = settings_for(tiny_actor_path)
+    first = PPOTrainer(settings, world1)
+    ppo_step(first, rollout_batch(6))
+    state = first.state_dict()
+    assert state["actor"]["optim"]["state"] and state["updates"] == {"actor": 1, "critic": 1}
+    second = PPOTrainer(settings, world1)
+    second.load_state_dict(state)
+    assert_same_tensors(state, second.state_dict())
+    ppo_step(first, rollout_batch(7))
+    ppo_step(second, rollout_batch(7))
+    assert_same_tensors(first.state_dict(), second.state_dict())
+
+
+def test_checkpoint_before_first_step_changes_nothing(world1, tiny_actor_path):
+    """torch initialises an empty optimizer with a zero-lr step when asked for its state;
+    the trainer must not let that advance AdamW's step count."""
+    settings, batch = settings_for(tiny_actor_path), rollout_batch(11)
+    saved = PPOTrainer(settings, world1)
+    state = saved.state_dict()
+    assert state["actor"]["optim"] is None and not saved.actor_optim.state
+    restored, untouched = PPOTrainer(settings, world1), PPOTrainer(settings, world1)
+    restored.load_state_dict(state)
+    for trainer in (saved, restored, untouched):
+        ppo_step(trainer, batch)
+    assert_same_tensors(untouched.state_dict(), saved.state_dict())
+    assert_same_tensors(untouched.state_dict(), restored.state_dict())
+
+
+def test_value_model_save_load_round_trip(trainer, tmp_path):
+    batch = rollout_batch(8)
+    state = trainer.state_dict()["critic"]["model"]  # gathered from the sharded critic
+    fresh = ValueModel.from_pretrained(trainer.settings.actor_path)
+    fresh.save_pretrained(tmp_path / "critic", state_dict=state)
+    loaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
+    assert_same_tensors(state, {k: v for k, v in loaded.state_dict().items()})
+    with torch.no_grad():
+        values = loaded(batch.input_ids, batch.attention_mask)  # [B, L]
+    assert values.shape == batch.input_ids.shape
+    torch.testing.assert_close(trainer.values(batch), _response_only(values, batch), rtol=0, atol=1e-5)
+
+
+def _response_only(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    from trainer.batch import response_values
+
+    return response_values(values, batch)
+
+
+def test_offload_is_a_no_op_on_cpu(trainer):
+    assert trainer.offload() is False and trainer.onload() is False
+
+
+def test_bfloat16_compute_keeps_float32_master_weights(world1, tiny_actor_path):
+    trainer = PPOTrainer(settings_for(tiny_actor_path, dtype="bfloat16"), world1)
+    out = ppo_step(trainer, rollout_batch(12))
+    assert out["actor"]["steps"] == 2 and math.isfinite(out["actor"]["policy_loss"])
+    assert out["old"].dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in trainer.actor.parameters())
+    assert all(v.dtype == torch.float32 for v in trainer.actor_state_for_sync().values())
+
+
+def test_settings_are_validated(tiny_actor_path):
+    from colocate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="loss_agg"):
+        TrainerSettings(actor_path=tiny_actor_path, loss_agg="sum")
+    assert TrainerSettings(actor_path="a").critic_source == "a"
+
+
+def test_uneven_batch_is_refused(trainer):
+    from colocate.errors import ConfigError
+
+    batch = rollout_batch(9, rows=3)
+    old = trainer.old_logprobs(batch)
+    with pytest.raises(ConfigError, match="minibatches"):
+        trainer.train_actor(batch, old, old, current_version=0)
+
+
+# ---------------------------------------------------------------- world size 2
+
+
+def _world2_worker(rank: int, init_method: str, actor_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method)
+    try:
+        trainer = PPOTrainer(settings_for(actor_path, micro_batch=1), info)
+        batch = broadcast_object(rollout_batch(10) if info.is_main else None, info)
+        result = ppo_step(trainer, batch)
+        state = trainer.state_dict()
+        if info.is_main:
+            torch.save({"state": state, "result": result}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_world_size_two_matches_world_size_one(world1, tiny_actor_path, tmp_path):
+    """Token-mean over the whole minibatch on both: each rank divides its token sum by the
+    minibatch's token count (every rank sees the full batch) and FSDP averages over ranks."""
+    out = tmp_path / "world2.pt"
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_world2_worker, args=(init_method, tiny_actor_path, str(out)), nprocs=2, join=True)
+    two = torch.load(out, weights_only=False)
+    single = PPOTrainer(settings_for(tiny_actor_path), world1)
+    one = ppo_step(single, rollout_batch(10))
+    torch.testing.assert_close(two["result"]["old"], one["old"], rtol=0, atol=1e-6)
+    state = single.state_dict()
+    # Adam divides each gradient element by its own RMS: an element with |g| near eps turns
+    # float rounding into up to ~1e-3 of its lr-sized step. atol 1e-5 = 1% of one step.
+    for part in ("actor", "critic"):
+        assert_same_tensors(state[part]["model"], two["state"][part]["model"], exact=False, rtol=1e-5, atol=1e-5)
+    resumed = PPOTrainer(settings_for(tiny_actor_path), world1)  # a 2-rank checkpoint on 1 rank
+    resumed.load_state_dict(two["state"])
+    assert_same_tensors(two["state"], resumed.state_dict())
+    for phase in ("actor", "critic"):
+        for key, value in one[phase].items():
+            assert two["result"][phase][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (phase, key)
+
+
+def test_dist_info_world1(world1):
+    assert isinstance(world1, DistInfo) and world1.world_size == 1 and world1.backend == "gloo"
+    assert broadcast_object({"a": 1}, world1) == {"a": 1}
+    assert dataclasses.is_dataclass(world1)
+
+
+# ---------------------------------------------------------------- CUDA (skipped on CPU-only machines)
+
+
+def _cuda_offload_worker(rank: int, init_method: str, actor_path: str) -> None:
+    info = init_distributed("cuda", rank=rank, world_size=1, init_method=init_method)
+    try:
+        moved, kept = (PPOTrainer(settings_for(actor_path, device="cuda"), info) for _ in range(2))
+        for trainer in (moved, kept):
+            ppo_step(trainer, rollout_batch(13))
+        on_gpu = torch.cuda.memory_allocated()
+        assert moved.offload() is True
+        assert torch.cuda.memory_allocated() < on_gpu
+        assert all(p.device.type == "cpu" for p in moved.actor.parameters())
+        assert moved.onload() is True
+        assert all(p.device.type == "cuda" for p in moved.actor.parameters())
+        for trainer in (moved, kept):
+            ppo_step(trainer, rollout_batch(14))
+        # CUDA backward kernels (embedding, index) are not bitwise deterministic
+        assert_same_tensors(kept.state_dict(), moved.state_dict(), exact=False, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_offload_onload_round_trip_on_cuda(tiny_actor_path):
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_cuda_offload_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)

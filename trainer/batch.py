@@ -1,0 +1,168 @@
+"""The training batch of one PPO step: rollouts turned into right-padded tensors.
+
+Owns: `TrainBatch` (prompt+response token ids, masks, scores, and per-token behaviour
+log-probs and weight versions of the sampled responses), its minibatch split and row
+selection, and `response_logits`, which picks from a model's [B, L, V] logits the rows
+that predict each response token.
+
+Leaves out: where rollouts come from (`engine/`), forward passes and losses
+(`trainer/forward.py`, `trainer/ppo_math.py`), and how rows are split across ranks
+(`trainer/ppo_trainer.py`).
+
+Layout of row b (P = len(prompts[b]), R = len(responses[b])):
+  input_ids[b]      = prompt (P) + response (R) + pad           [L]
+  responses[b]      = response (R) + pad                         [T]
+  response_mask[b]  = 1 on the R response tokens, 0 after        [T]
+  response_start[b] = P: input position of the first response token
+The logit that predicts response token t sits at input position P - 1 + t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Tensors of B rollouts; every field has B rows. See the module docstring for the layout."""
+
+    input_ids: torch.Tensor  # [B, L] long, prompt + response, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, L] long, 1 on prompt + response tokens
+    response_start: torch.Tensor  # [B] long, prompt lengths
+    response_mask: torch.Tensor  # [B, T] bool, True on response tokens
+    responses: torch.Tensor  # [B, T] long, response ids, right-padded with pad_id
+    scores: torch.Tensor  # [B] float32, sequence-level reward
+    behaviour_logp: torch.Tensor  # [B, T] float32, logprob under the sampling weights, 0 on pad
+    versions: torch.Tensor  # [B, T] long, weight version that sampled each token, 0 on pad
+
+    @property
+    def size(self) -> int:
+        """B, the number of rows."""
+        return int(self.input_ids.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+    def select(self, idx: torch.Tensor) -> TrainBatch:
+        """Sub-batch of the rows `idx` (a [b] long tensor), in that order."""
+        idx = idx.to(device=self.input_ids.device, dtype=torch.long)
+        return TrainBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
+
+    def trimmed(self) -> TrainBatch:
+        """The same rows without trailing input columns that are padding in every row (exact for causal models)."""
+        used = int(self.attention_mask.sum(-1).max()) if self.size else 0
+        used = max(used, 1)
+        return dataclasses.replace(
+            self, input_ids=self.input_ids[:, :used], attention_mask=self.attention_mask[:, :used]
+        )
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The same batch with every tensor on `device`."""
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+
+    def minibatches(self, n: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+        """A shuffled split of range(B) into `n` equal [B / n] index tensors; each row in exactly one.
+
+        B must be divisible by n, so every minibatch (and every rank's share of it) has
+        the same number of rows.
+        """
+        if n < 1 or self.size % n:
+            raise ValueError(f"batch of {self.size} rows does not split into {n} equal minibatches")
+        order = torch.randperm(self.size, generator=generator)  # [B]
+        return list(order.chunk(n))
+
+
+def make_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_id: int,
+    scores: Sequence[float],
+    behaviour_logprobs: Sequence[Sequence[float]],
+    token_versions: Sequence[Sequence[int]],
+) -> TrainBatch:
+    """Right-padded `TrainBatch` from per-row token lists (all sequences have B rows).
+
+    Each prompt must be non-empty (the first response token is predicted from the last
+    prompt token); responses may be empty. behaviour_logprobs[b] and token_versions[b]
+    must be as long as responses[b]. T is at least 1, so an all-empty batch has a
+    one-column, fully masked response.
+    """
+    _check_rows(prompts, responses, scores, behaviour_logprobs, token_versions)
+    batch = len(prompts)
+    length = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    width = max(1, max(len(r) for r in responses))
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # [B, L]
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)  # [B, L]
+    response_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # [B, T]
+    response_mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, T]
+    behaviour = torch.zeros((batch, width), dtype=torch.float32)  # [B, T]
+    versions = torch.zeros((batch, width), dtype=torch.long)  # [B, T]
+    for b, (prompt, response) in enumerate(zip(prompts, responses)):
+        p, r = len(prompt), len(response)
+        input_ids[b, : p + r] = torch.tensor([*prompt, *response], dtype=torch.long)
+        attention_mask[b, : p + r] = 1
+        if r:
+            response_ids[b, :r] = torch.tensor(response, dtype=torch.long)
+            response_mask[b, :r] = True
+            behaviour[b, :r] = torch.tensor(behaviour_logprobs[b], dtype=torch.float32)
+            versions[b, :r] = torch.tensor(token_versions[b], dtype=torch.long)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_start=torch.tensor([len(p) for p in prompts], dtype=torch.long),
+        response_mask=response_mask,
+        responses=response_ids,
+        scores=torch.tensor(list(scores), dtype=torch.float32),
+        behaviour_logp=behaviour,
+        versions=versions,
+    )
+
+
+def _check_rows(prompts, responses, scores, behaviour_logprobs, token_versions) -> None:  # noqa: ANN001
+    sizes = [len(x) for x in (prompts, responses, scores, behaviour_logprobs, token_versions)]
+    if len(set(sizes)) != 1 or not prompts:
+        raise ValueError(
+            "prompts, responses, scores, behaviour_logprobs and token_versions need the same "
+            f"non-zero number of rows, got {sizes}"
+        )
+    for b, (prompt, response) in enumerate(zip(prompts, responses)):
+        if not prompt:
+            raise ValueError(f"row {b}: empty prompt (the first response token needs a context)")
+        if len(behaviour_logprobs[b]) != len(response) or len(token_versions[b]) != len(response):
+            raise ValueError(
+                f"row {b}: {len(response)} response tokens but {len(behaviour_logprobs[b])} "
+                f"behaviour logprobs and {len(token_versions[b])} versions"
+            )
+
+
+def response_positions(batch: TrainBatch) -> torch.Tensor:
+    """Input positions whose logits predict each response token -> [B, T] long.
+
+    Row b: response_start[b] - 1 + t, clamped into [0, L - 1] (clamped positions are
+    padding, masked by response_mask).
+    """
+    width = batch.responses.shape[1]
+    offsets = torch.arange(width, device=batch.response_start.device)  # [T]
+    positions = batch.response_start[:, None] - 1 + offsets[None, :]  # [B, T]
+    return positions.clamp(0, batch.input_ids.shape[1] - 1)
+
+
+def response_logits(model_logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    """The logits that predict each response token: [B, L, V] -> [B, T, V] (one gather)."""
+    positions = response_positions(batch).to(model_logits.device)  # [B, T]
+    rows = torch.arange(model_logits.shape[0], device=model_logits.device)[:, None]  # [B, 1]
+    return model_logits[rows, positions]  # [B, T, V]
+
+
+def response_values(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    """Per-position values [B, L] -> [B, T]: the value of the state before each response token.
+
+    The state that emits response token t is the context ending at input position
+    response_start - 1 + t, so the same positions as `response_logits`; 0 on padding.
+    """
+    positions = response_positions(batch).to(values.device)  # [B, T]
+    picked = values.gather(1, positions)  # [B, T]
+    return torch.where(batch.response_mask.to(values.device), picked, torch.zeros_like(picked))

@@ -1,0 +1,185 @@
+"""Process group and FSDP2 plumbing for the trainer.
+
+Owns: joining (or creating) the process group (`init_distributed`), FSDP2 sharding of a
+decoder-only model (`shard_model`: each decoder layer, then the root), gathering a full
+HF-named state dict to rank 0 (`full_state_dict`), broadcasting rollout data from rank 0
+(`broadcast_object`), and splitting/gathering batch rows across ranks (`rank_rows`,
+`gather_rows`).
+
+Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
+(tests use 1-2 ranks on loopback), nccl on CUDA. A world of one needs no launcher: a
+single-process group is created over a free loopback port. Under torchrun the env://
+rendezvous that torchrun set up is used (torchrun's variables are its interface; colocate
+passes no configuration through the environment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from colocate.errors import ColocateError
+
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the process group."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mesh(self) -> DeviceMesh:
+        """1-D mesh over the whole world (reuses the default group)."""
+        return init_device_mesh(self.device.type, (self.world_size,))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_distributed(
+    device: str | torch.device = "cpu",
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+) -> DistInfo:
+    """Join the default process group, creating it if needed; returns this rank's `DistInfo`.
+
+    Order: an existing group is reused; explicit `rank`/`world_size`/`init_method` (e.g.
+    `torch.multiprocessing.spawn` workers) are used as given; torchrun's env:// rendezvous
+    when its variables are present; otherwise a one-process group on a free loopback port.
+    On CUDA each rank uses `cuda:<LOCAL_RANK or rank>`.
+    """
+    kind = torch.device(device).type
+    backend = "nccl" if kind == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if init_method is not None:
+            dist.init_process_group(backend, init_method=init_method, rank=rank or 0, world_size=world_size or 1)
+        elif all(key in os.environ for key in _TORCHRUN_KEYS):
+            dist.init_process_group(backend, init_method="env://")
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    if backend not in dist.get_backend():
+        raise ColocateError(f"a {dist.get_backend()} process group exists, but device {device} needs {backend}")
+    info_rank, info_world = dist.get_rank(), dist.get_world_size()
+    torch_device = torch.device("cpu")
+    if kind == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", info_rank)) % max(1, torch.cuda.device_count())
+        torch_device = torch.device("cuda", index)
+        torch.cuda.set_device(torch_device)
+    return DistInfo(info_rank, info_world, torch_device, dist.get_backend())
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Llama/Qwen2-style model (`model.model.layers`, or `model.layers`)."""
+    for owner in (getattr(model, "model", None), model):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise TypeError(f"{type(model).__name__} has no model.layers / layers ModuleList to shard")
+
+
+def shard_model(model: nn.Module, info: DistInfo, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """FSDP2 in place: `fully_shard` each decoder layer, then the root; returns `model`.
+
+    Parameters stay in their load dtype (fp32 master weights); `param_dtype` (e.g.
+    bfloat16) makes forward/backward compute in that dtype with fp32 gradient reduction.
+    """
+    mesh = info.mesh()
+    policy = MixedPrecisionPolicy()
+    if param_dtype is not None and param_dtype != torch.float32:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) CPU state dict with the model's own names on rank 0; {} on other ranks.
+
+    Collective: every rank must call it. The tensors are never the live parameters.
+    """
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return unaliased(get_model_state_dict(model, options=options), model.parameters())
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.untyped_storage().data_ptr()
+
+
+def unaliased(state: Any, live: Iterable[torch.Tensor]) -> Any:
+    """`state` (nested dicts/lists) with every tensor that shares storage with a `live` tensor cloned.
+
+    torch's "full, CPU" state dict of a one-rank CPU group hands back the parameters
+    (and optimizer moments) themselves: the next optimizer step would rewrite it.
+    """
+    live_storages = {_storage(t) for t in live if isinstance(t, torch.Tensor)}
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, torch.Tensor) and _storage(obj) in live_storages:
+            return obj.clone()
+        return obj
+
+    return walk(state)
+
+
+def broadcast_object(obj: object, info: DistInfo) -> object:
+    """Rank 0's `obj` on every rank (pickled; fine for rollout lists, not for big tensors)."""
+    if info.world_size == 1:
+        return obj
+    box = [obj if info.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank_rows(batch_size: int, info: DistInfo) -> slice:
+    """This rank's contiguous share of `batch_size` rows (which must divide evenly)."""
+    if batch_size % info.world_size:
+        raise ValueError(f"{batch_size} rows do not split evenly over {info.world_size} ranks")
+    share = batch_size // info.world_size
+    return slice(info.rank * share, (info.rank + 1) * share)
+
+
+def gather_rows(local: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Concatenate every rank's [b, ...] tensor in rank order -> [world * b, ...] on every rank."""
+    if info.world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(info.world_size)]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts)
+
+
+def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Element-wise sum over ranks (a new tensor; `values` is left alone)."""
+    total = values.detach().clone()
+    if info.world_size > 1:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
