@@ -22,6 +22,7 @@ from colocate.timesharing import TimeSharing
 
 
 def _engines(cfg: Config, actor_path: str, reward_path: str | None):
+    """Actor engine, and the reward engine unless a feeder process hosts its own."""
     from engine.runtime import EngineConfig, SglangEngine
 
     e = cfg.engines
@@ -31,7 +32,8 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
                      log_level=e.log_level),
         field="models.actor")
     reward = None
-    if reward_path is not None:
+    own_feeder = cfg.overlap.streamed and cfg.overlap.feeder == "process"
+    if reward_path is not None and not own_feeder:
         try:
             reward = SglangEngine(
                 EngineConfig(reward_path, role="reward", device=e.device, dtype=cfg.models.dtype,
@@ -47,14 +49,16 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
 def _trainer(cfg: Config, actor_path: str, critic_path: str, dist):
     from trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
-    p = cfg.ppo
+    p, o = cfg.ppo, cfg.overlap
     return PPOTrainer(TrainerSettings(
         actor_path=actor_path, critic_path=critic_path, dtype=cfg.models.dtype, device=str(dist.device),
         seed=cfg.run.seed, actor_lr=p.actor_lr, critic_lr=p.critic_lr, weight_decay=p.weight_decay,
         max_grad_norm=p.max_grad_norm, epochs=p.epochs, minibatches=p.minibatches, clip_eps=p.clip_eps,
         value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,
         whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
-        is_cap=None, max_staleness=None, temperature=cfg.rollout.temperature or 1.0), dist)
+        is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
+        max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
+        temperature=cfg.rollout.temperature or 1.0), dist)
 
 
 def _data(cfg: Config, tokenizer):
@@ -102,7 +106,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = AutoTokenizer.from_pretrained(actor_path)
     prompts = _data(cfg, tokenizer)
-    actor = reward = None
+    actor = reward = overlap = None
     if dist.rank == 0:
         actor, reward = _engines(cfg, actor_path, reward_path)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
@@ -112,11 +116,18 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)
+        overlap = None
+        if dist.rank == 0 and cfg.overlap.mode != "sequential":
+            from colocate.overlap_phase import Overlap
+
+            overlap = Overlap(cfg, actor, reward, reward_path, log)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
-                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log)
+                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap)
         if resume is not None:
             session.restore(Path(resume))
     except BaseException:
+        if overlap is not None:
+            overlap.close()
         for eng in (reward, actor):
             if eng is not None:
                 eng.shutdown()

@@ -84,6 +84,42 @@ class EnginesConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class OverlapConfig:
+    """OPPO's two overlaps; ``mode`` switches them, everything else stays identical."""
+
+    mode: Literal["sequential", "intra", "inter", "oppo"] = "sequential"
+    # intra-step: stream chunks of k tokens to the reward feeder over ZeroMQ
+    chunk_size: int = 0  # 0: tune online among chunk_candidates (OPPO's rule)
+    chunk_candidates: str = "16,32,64,128"
+    retune_every: int = 50
+    feeder: Literal["inline", "process"] = "inline"  # process: its own reward engine
+    feeder_timeout_s: float = 60.0
+    # inter-step: launch B + delta, train on the first B finished, defer the rest
+    delta_init: int = 2
+    delta_min: int = 0
+    delta_max: int = 8
+    delta_adaptive: bool = True
+    window: int = 5
+    # staleness of deferred tokens (sampled under older weights)
+    staleness: Literal["is", "mask"] = "is"  # truncated importance sampling | mask old tokens
+    is_cap: float = 2.0
+    max_staleness: int = 1  # mask: train on tokens at most this many versions old
+    drop_staleness: int = 4  # a partial whose oldest token is older is dropped
+
+    @property
+    def streamed(self) -> bool:
+        return self.mode in ("intra", "oppo")
+
+    @property
+    def deferral(self) -> bool:
+        return self.mode in ("inter", "oppo")
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.chunk_candidates.split(",") if x.strip())
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     steps: int = 20
     seed: int = 0
@@ -101,6 +137,7 @@ class Config:
     reward: RewardConfig = RewardConfig()
     ppo: PPOConfig = PPOConfig()
     engines: EnginesConfig = EnginesConfig()
+    overlap: OverlapConfig = OverlapConfig()
     run: RunConfig = RunConfig()
 
 
@@ -223,10 +260,24 @@ def validate(cfg: Config) -> None:
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
+        (cfg.overlap.mode == "sequential" or cfg.reward.kind == "model",
+         f"overlap.mode={cfg.overlap.mode} scores on the reward engine as samples finish; "
+         "set reward.kind=model or overlap.mode=sequential"),
+        (cfg.overlap.chunk_size >= 0 and all(c > 0 for c in _safe_candidates(cfg.overlap.chunk_candidates)),
+         "overlap.chunk_size must be >= 0 and overlap.chunk_candidates positive integers like 16,32,64"),
+        (0 <= cfg.overlap.delta_min <= cfg.overlap.delta_init <= cfg.overlap.delta_max,
+         "overlap: need 0 <= delta_min <= delta_init <= delta_max"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def _safe_candidates(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] or [0]
+    except ValueError:
+        return [0]
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -31,23 +31,40 @@ class RolloutData:
     versions: list[list[int]]
     scores: list[float]
     seconds: dict[str, float]
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def rollout(s: Session) -> RolloutData | None:
     """Generate and score a batch on rank 0 (``None`` on other ranks)."""
+    if s.overlap is not None:
+        return overlapped_rollout(s)
     prompts = s.next_prompts(s.cfg.rollout.batch_size)
     if not s.is_main:
         return None
     r = s.cfg.rollout
-    eos = [t for t in {s.tokenizer.eos_token_id, s.tokenizer.pad_token_id} if t is not None]
     out = run_sequential(
-        s.actor, prompts, r.max_new_tokens, sampling_params(r.temperature, r.top_p, eos), s.state.step,
+        s.actor, prompts, r.max_new_tokens, _sampling(s), s.state.step,
         reward_engine=s.reward_engine, reward_fns=s.reward_fns,
         decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
     scale = s.cfg.reward.scale
     return RolloutData([list(p.ids) for p in prompts], [x.output_ids for x in out.samples],
                        [x.logprobs for x in out.samples], [x.versions for x in out.samples],
                        [v * scale for v in out.scores], out.seconds)
+
+
+def _sampling(s: Session) -> dict[str, Any]:
+    eos = [t for t in {s.tokenizer.eos_token_id, s.tokenizer.pad_token_id} if t is not None]
+    return sampling_params(s.cfg.rollout.temperature, s.cfg.rollout.top_p, eos)
+
+
+def overlapped_rollout(s: Session) -> RolloutData:
+    """intra / inter / oppo: B(+Δ) launched, scored as they go, first B trained."""
+    out = s.overlap.rollout(lambda: s.next_prompts(1)[0], s.state.step, s.state.weight_version, _sampling(s))
+    scale = s.cfg.reward.scale
+    t = out.train
+    return RolloutData([x.prompt_ids for x in t], [x.output_ids for x in t], [x.logprobs for x in t],
+                       [x.versions for x in t], [v * scale for v in out.scores],
+                       out.seconds, out.stats)
 
 
 def step(s: Session) -> dict[str, Any]:
@@ -79,6 +96,8 @@ def step(s: Session) -> dict[str, Any]:
     mask = batch.response_mask.float()
     mean_kl = float((kl * mask).sum(-1).mean())
     s.kl_ctl.update(mean_kl, len(data.scores))
+    if s.overlap is not None:
+        s.overlap.observe_reward(statistics.fmean(data.scores))
     s.state.step += 1
     return _record(s, data, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
 
@@ -89,6 +108,7 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
         "step": s.state.step,
         "reward_mean": statistics.fmean(data.scores),
         "reward_std": statistics.pstdev(data.scores),
+        "trained_samples": len(data.scores),
         "response_len": n_tokens / len(data.responses),
         "kl": mean_kl,
         "kl_coef": s.kl_ctl.value,
@@ -97,6 +117,7 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
         "response_tokens_per_s": n_tokens / step_s,
         "trained_samples_per_s": len(data.scores) / step_s,
         **{f"time/{k}": v for k, v in timer.seconds.items()},
+        **{f"overlap/{k}": v for k, v in data.stats.items()},
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},
     }

@@ -76,6 +76,7 @@ class Session:
     timesharing: TimeSharing
     out_dir: Path
     log: Callable[[str], None]
+    overlap: Any = None  # colocate.overlap_phase.Overlap on rank 0 in the overlapped modes
 
     @property
     def is_main(self) -> bool:
@@ -105,6 +106,8 @@ class Session:
             "run": dataclasses.asdict(self.state),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
+        if self.overlap is not None:  # the deferred buffer: no partial rollout is lost
+            parts["overlap"] = self.overlap.state_dict()
         return checkpoint.save(self.out_dir / "checkpoints", self.state.step, parts,
                                keep=self.cfg.run.keep_checkpoints)
 
@@ -113,6 +116,8 @@ class Session:
         self.trainer.load_state_dict(parts["trainer"])
         self.state = RunState(**parts["run"])
         self.kl_ctl.load_state_dict(self.state.kl)
+        if self.overlap is not None and "overlap" in parts:
+            self.overlap.load_state_dict(parts["overlap"])
         random.setstate(parts["rng"]["python"])
         torch.set_rng_state(parts["rng"]["torch"])
         self.log(f"resumed from step {step}")
@@ -121,6 +126,8 @@ class Session:
         self.sync_weights()  # engine restarts at the base weights: push the trained ones
 
     def close(self) -> None:
+        if self.overlap is not None:
+            self.overlap.close()
         for eng in (self.reward_engine, self.actor):
             if eng is not None:
                 eng.shutdown()

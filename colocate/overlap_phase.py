@@ -1,0 +1,163 @@
+"""The rollout phase of the overlapped modes (intra, inter, oppo) and its lifetime.
+
+Owns: :class:`Overlap`, which holds the length-aware scheduler, the chunk-size tuner, the
+scores of samples that finished after the cut (trained first next step), and the reward
+feeder — an asyncio task beside the engines, or its own process with its own reward
+engine (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
+:meth:`Overlap.rollout` plans B(+Δ) samples, runs them with streamed and/or one-shot
+scoring, cuts after the first B, and hands back what to train on.
+
+Leaves out: training and the sequential mode (``colocate.rollout_phase``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from colocate.config import Config
+from colocate.rollout_phase import Prompt
+from engine import oppo
+from engine.reward_feeder import RewardFeeder
+from engine.rollout import Sample
+from engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
+                              SchedulerConfig, staleness_stats)
+from engine.streamed import FeederLostError, ScoreClient
+
+
+@dataclasses.dataclass
+class OverlapRollout:
+    train: list[Sample]
+    scores: list[float]
+    seconds: dict[str, float]
+    stats: dict[str, float]
+
+
+def _scheduler_config(cfg: Config) -> SchedulerConfig:
+    o = cfg.overlap
+    delta = o.delta_init if o.deferral else 0
+    return SchedulerConfig(batch_size=cfg.rollout.batch_size, delta_init=delta,
+                           delta_min=o.delta_min if o.deferral else 0,
+                           delta_max=o.delta_max if o.deferral else 0, window=o.window,
+                           adaptive=o.delta_adaptive and o.deferral, max_staleness_versions=o.drop_staleness)
+
+
+class Overlap:
+    """Scheduler + tuner + feeder for one run (rank 0)."""
+
+    def __init__(self, cfg: Config, actor, reward_engine, reward_path: str | None, log=print):
+        self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
+        o = cfg.overlap
+        self.scheduler = LengthAwareScheduler(_scheduler_config(cfg))
+        fixed = o.chunk_size or o.candidates[0]
+        self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
+                                                     adaptive=o.chunk_size == 0, fixed=fixed))
+        self.ready_scores: dict[int, float] = {}
+        self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
+        self.client: ScoreClient | None = None
+        self._feeder_task = self._feeder_proc = None
+        if o.streamed:
+            self._start_feeder(reward_path, log)
+
+    # ---- feeder lifetime ---------------------------------------------------------
+    def _start_feeder(self, reward_path: str | None, log) -> None:
+        chunks = f"ipc://{self._tmp.name}/chunks"
+        results = f"ipc://{self._tmp.name}/results"
+        self.client = ScoreClient(chunks, results, timeout_s=self.cfg.overlap.feeder_timeout_s)
+        loop = self.actor.loop
+        loop.run_until_complete(self.client.__aenter__())
+        if self.cfg.overlap.feeder == "process":
+            cmd = [sys.executable, "-m", "engine.reward_feeder", "--model", reward_path,
+                   "--chunks", chunks, "--results", results]
+            self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
+            log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
+            self._wait_first_heartbeat()
+        else:
+            feeder = RewardFeeder(self.reward_engine, chunks, results)
+            self._feeder_stop = asyncio.Event()
+            self._feeder_task = loop.create_task(feeder.run(self._feeder_stop))
+
+    def _wait_first_heartbeat(self, limit_s: float = 180.0) -> None:
+        started = time.monotonic()
+        self.client.last_heard = 0.0
+        while self.client.last_heard < started:
+            if self._feeder_proc.poll() is not None:
+                raise FeederLostError(f"the reward feeder process exited (code {self._feeder_proc.returncode}) before it answered")
+            if time.monotonic() - started > limit_s:
+                raise FeederLostError("the reward feeder process did not answer within 180 s")
+            self.actor.loop.run_until_complete(asyncio.sleep(0.2))
+
+    def feeder_pid(self) -> int | None:
+        return self._feeder_proc.pid if self._feeder_proc else None
+
+    def check_feeder(self) -> None:
+        if self._feeder_proc is not None and self._feeder_proc.poll() is not None:
+            raise FeederLostError(f"the reward feeder process died (exit code {self._feeder_proc.returncode})")
+        if self._feeder_task is not None and self._feeder_task.done():
+            exc = self._feeder_task.exception() if not self._feeder_task.cancelled() else None
+            raise FeederLostError(f"the reward feeder task stopped: {exc!r}")
+
+    def close(self) -> None:
+        loop = self.actor.loop
+        if self._feeder_task is not None:
+            self._feeder_stop.set()
+            loop.run_until_complete(asyncio.wait([self._feeder_task], timeout=5))
+        if self._feeder_proc is not None:
+            self._feeder_proc.kill()
+            self._feeder_proc.wait(timeout=30)
+        if self.client is not None:
+            loop.run_until_complete(self.client.__aexit__(None, None, None))
+        self._tmp.cleanup()
+
+    # ---- one step ----------------------------------------------------------------------
+    def rollout(self, next_prompt, step: int, version: int, sampling: dict[str, Any]) -> OverlapRollout:
+        """Plan, generate, score, cut; returns the B samples to train on, in order."""
+        B = self.cfg.rollout.batch_size
+        prompts: dict[int, Prompt] = {}
+
+        def make_sample(index: int) -> Sample:
+            p = next_prompt()
+            prompts[index] = p
+            return Sample(index, list(p.ids), self.cfg.rollout.max_new_tokens)
+
+        plan = self.scheduler.plan(make_sample, version)
+        for s in plan.dropped:
+            self.ready_scores.pop(s.index, None)
+        chunk = self.tuner.chunk_for_step(step)
+        need = max(0, B - len(plan.ready))
+        if self.client is not None:
+            self.client.last_heard = time.monotonic()  # the loop slept while training
+        self.check_feeder()
+        started = time.perf_counter()
+        res = self.actor.loop.run_until_complete(oppo.run_step(
+            self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
+            client=self.client, chunk=chunk,
+            cut_after=need if self.cfg.overlap.deferral else None))
+        self.tuner.record(step, chunk, time.perf_counter() - started)
+        self.ready_scores.update(res.scores)
+        ended = res.completed + res.unfinished
+        train, _ = self.scheduler.select(ended)
+        scores = [self.ready_scores.pop(s.index) for s in train]
+        stats = {"deferred": len(self.scheduler.deferred), "delta": self.scheduler.delta,
+                 "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
+                 "resumed": plan.resumed, "launched": len(plan.launch),
+                 **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()}}
+        return OverlapRollout(train, scores, res.seconds, stats)
+
+    def observe_reward(self, mean_reward: float) -> None:
+        self.scheduler.observe_reward(mean_reward)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(),
+                "ready_scores": {str(k): v for k, v in self.ready_scores.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.tuner.load_state_dict(state["tuner"])
+        self.ready_scores = {int(k): float(v) for k, v in state["ready_scores"].items()}

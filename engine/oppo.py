@@ -1,0 +1,98 @@
+"""One step's overlapped rollout: streamed scoring and/or early cut with deferral.
+
+Owns: running the launched samples concurrently on the actor engine; scoring each one as
+it is generated (``streamed``: chunks to the feeder, intra-step overlap) or as soon as it
+finishes (one-shot on the reward engine); and, when ``cut_after`` is set (inter-step
+overlap), aborting the rest once that many samples are finished *and* scored — their
+partial tokens, logprobs and versions stay on the :class:`Sample` for the next step.
+
+Leaves out: which samples to launch and what to defer (``engine.scheduler``), training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Sequence
+
+from engine import reward as rm
+from engine import rollout
+from engine.rollout import Sample
+from engine.streamed import Chunker, ScoreClient
+
+
+@dataclasses.dataclass
+class OverlapResult:
+    completed: list[Sample]  # finished and scored, in completion order
+    unfinished: list[Sample]  # aborted (partial) or never started
+    scores: dict[int, float]  # by sample index
+    seconds: dict[str, float]
+
+
+@dataclasses.dataclass
+class _Clock:
+    start: float
+    last_token: dict[int, float] = dataclasses.field(default_factory=dict)
+    scored: dict[int, float] = dataclasses.field(default_factory=dict)
+    cut: float | None = None
+
+
+async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
+               reward_engine, chunk: int, clock: _Clock, on_done) -> None:
+    chunker = Chunker(client, step, sample, chunk) if client is not None else None
+    if client is not None:
+        client.expect(step, sample.index)
+    await rollout.stream_sample(actor, sample, sampling, tag, chunker.on_tokens if chunker else None)
+    clock.last_token[sample.index] = time.perf_counter()
+    if not sample.finished:
+        if client is not None:
+            client.forget(step, sample.index)
+        return
+    if chunker is not None:
+        await chunker.finish()
+        score = await client.score(step, sample.index)
+    else:
+        seq = sample.prompt_ids + sample.output_ids
+        score = await rm.score(reward_engine, seq, f"{tag}rm-{sample.index:08d}")
+    clock.scored[sample.index] = time.perf_counter()
+    on_done(sample, score)
+
+
+async def run_step(
+    actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
+    reward_engine=None, client: ScoreClient | None = None, chunk: int = 64,
+    cut_after: int | None = None,
+) -> OverlapResult:
+    """Generate ``samples``; score each as it goes; abort the rest after ``cut_after``."""
+    tag = f"op{step:07d}"
+    rollout.check_budget(samples, actor.context_length)
+    clock = _Clock(time.perf_counter())
+    completed: list[Sample] = []
+    scores: dict[int, float] = {}
+    running = {s.index: s for s in samples}
+
+    def on_done(sample: Sample, score: float) -> None:
+        completed.append(sample)
+        scores[sample.index] = score
+        if cut_after is not None and len(completed) == cut_after and clock.cut is None:
+            clock.cut = time.perf_counter()
+            for other in running.values():
+                if other.index not in clock.last_token:
+                    rollout.abort(actor, other, tag)
+
+    tasks = [_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
+                  chunk=chunk, clock=clock, on_done=on_done) for s in samples]
+    await asyncio.gather(*tasks)
+    end = time.perf_counter()
+    return OverlapResult(completed, [s for s in samples if s.index not in scores], scores,
+                         _timings(clock, completed[:cut_after] if cut_after else completed, end))
+
+
+def _timings(clock: _Clock, trained: Sequence[Sample], end: float) -> dict[str, float]:
+    if not trained:
+        return {"generate": end - clock.start, "reward_tail": 0.0, "abort_wait": 0.0}
+    last_tok = max(clock.last_token[s.index] for s in trained)
+    last_score = max(clock.scored[s.index] for s in trained)
+    return {"generate": last_tok - clock.start, "reward_tail": max(0.0, last_score - last_tok),
+            "abort_wait": end - (clock.cut or end)}

@@ -1,0 +1,114 @@
+"""The reward feeder: the far side of the ZeroMQ channel of streamed reward scoring.
+
+Owns: :class:`RewardFeeder`, which pulls :class:`~engine.wire.TokenChunk` messages, puts
+each request's chunks back in order, scores every request incrementally on the reward
+engine (each chunk prefills only its own tokens, the radix cache holds the rest) and pushes
+a final :class:`~engine.wire.ScoreResult` per finished response, plus heartbeats so the
+sender can tell a live feeder from a dead one. It runs as an asyncio task beside the
+engines (default) or alone in its own process with its own reward engine:
+
+    python -m engine.reward_feeder --model RM_DIR --chunks ipc:///tmp/c --results ipc:///tmp/r
+
+Leaves out: when chunks are cut (``engine.streamed``) and reward shaping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+
+from engine import reward as rm
+from engine.channel import AsyncReceiver, AsyncSender, validate_endpoint
+from engine.wire import Heartbeat, Reorderer, ScoreResult, Shutdown, TokenChunk
+
+
+class RewardFeeder:
+    """Scores streamed responses; one in-order scoring chain per request."""
+
+    def __init__(self, engine, chunks_endpoint: str, results_endpoint: str, heartbeat_s: float = 0.5):
+        self.engine = engine
+        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "overlap.endpoint")
+        self.results_endpoint = validate_endpoint(results_endpoint, "overlap.endpoint")
+        self.heartbeat_s = heartbeat_s
+        self._reorder = Reorderer()
+        self._scorers: dict[tuple[int, int], rm.IncrementalScorer] = {}
+        self._tails: dict[tuple[int, int], asyncio.Future] = {}
+        self._prompt_len: dict[tuple[int, int], int] = {}
+        self.chunks_seen = 0
+        self.scored = 0
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set or a Shutdown message arrives."""
+        stop = stop or asyncio.Event()
+        async with AsyncReceiver(self.chunks_endpoint, bind=True) as rx, \
+                AsyncSender(self.results_endpoint, bind=False) as tx:
+            beat = asyncio.ensure_future(self._heartbeats(tx, stop))
+            try:
+                while not stop.is_set():
+                    msg = await rx.recv(timeout_s=0.05)
+                    if isinstance(msg, Shutdown):
+                        break
+                    if isinstance(msg, TokenChunk):
+                        self.chunks_seen += 1
+                        for chunk in self._reorder.push(msg):
+                            self._schedule(chunk, tx)
+                pending = [t for t in self._tails.values() if not t.done()]
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+            finally:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
+
+    async def _heartbeats(self, tx: AsyncSender, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await tx.send(Heartbeat(sender="reward-feeder", sent_at=time.time()))
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _schedule(self, chunk: TokenChunk, tx: AsyncSender) -> None:
+        key = (chunk.step, chunk.index)
+        prev = self._tails.get(key)
+        self._tails[key] = asyncio.ensure_future(self._score_after(prev, chunk, tx))
+
+    async def _score_after(self, prev: asyncio.Future | None, chunk: TokenChunk, tx: AsyncSender) -> None:
+        if prev is not None:
+            await asyncio.shield(prev)
+        key = (chunk.step, chunk.index)
+        if chunk.seq == 0:
+            self._scorers[key] = rm.IncrementalScorer(
+                self.engine, f"fd{chunk.step:07d}-{chunk.index:08d}", list(chunk.prompt_ids))
+            self._prompt_len[key] = len(chunk.prompt_ids)
+        scorer = self._scorers[key]
+        score = await scorer.extend(chunk.tokens)
+        if chunk.final:
+            self.scored += 1
+            scored = len(scorer.tokens) - self._prompt_len.pop(key)
+            await tx.send(ScoreResult(step=chunk.step, index=chunk.index, seq=chunk.seq,
+                                      score=score, tokens_scored=scored, final=True))
+            del self._scorers[key]
+            self._tails.pop(key, None)
+
+
+def main() -> None:
+    """Run a feeder with its own reward engine in this process."""
+    ap = argparse.ArgumentParser(description="colocate reward feeder (streamed reward scoring)")
+    ap.add_argument("--model", required=True, help="causal reward model folder")
+    ap.add_argument("--chunks", required=True, help="endpoint to bind for token chunks")
+    ap.add_argument("--results", required=True, help="endpoint to connect for score results")
+    ap.add_argument("--max-total-tokens", type=int, default=65536)
+    args = ap.parse_args()
+    from engine.runtime import EngineConfig, SglangEngine
+
+    engine = SglangEngine(EngineConfig(args.model, role="reward", max_total_tokens=args.max_total_tokens),
+                          field="--model")
+    try:
+        feeder = RewardFeeder(engine, args.chunks, args.results)
+        engine.loop.run_until_complete(feeder.run())
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

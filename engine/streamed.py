@@ -1,0 +1,120 @@
+"""The actor side of streamed reward scoring (OPPO's intra-step overlap).
+
+Owns: :class:`ScoreClient`, which pushes token chunks to the reward feeder and collects
+the final score of each response (and notices a feeder that stopped answering), and
+:class:`Chunker`, which cuts one sample's stream into chunks of ``k`` tokens.
+
+Leaves out: the feeder (``engine.reward_feeder``), which samples run (``engine.oppo``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from colocate.errors import ColocateError
+from engine.channel import AsyncReceiver, AsyncSender, validate_endpoint
+from engine.rollout import Sample
+from engine.wire import ScoreResult, Shutdown, TokenChunk
+
+
+class FeederLostError(ColocateError):
+    """The reward feeder stopped answering."""
+
+
+class ScoreClient:
+    """Sends chunks, resolves one future per (step, index) when its final score arrives."""
+
+    def __init__(self, chunks_endpoint: str, results_endpoint: str, timeout_s: float = 30.0):
+        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "overlap.endpoint")
+        self.results_endpoint = validate_endpoint(results_endpoint, "overlap.endpoint")
+        self.timeout_s = timeout_s
+        self._futures: dict[tuple[int, int], asyncio.Future] = {}
+        self.last_heard = time.monotonic()
+        self.chunks_sent = 0
+
+    async def __aenter__(self) -> "ScoreClient":
+        self._rx = AsyncReceiver(self.results_endpoint, bind=True)
+        self._tx = AsyncSender(self.chunks_endpoint, bind=False)
+        self._reader = asyncio.ensure_future(self._read())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+        self._tx.close()
+        self._rx.close()
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self._rx.recv(timeout_s=0.1)
+            if msg is None:
+                continue
+            self.last_heard = time.monotonic()
+            if isinstance(msg, ScoreResult) and msg.final:
+                fut = self._futures.get((msg.step, msg.index))
+                if fut is not None and not fut.done():
+                    fut.set_result(msg.score)
+
+    def expect(self, step: int, index: int) -> asyncio.Future:
+        key = (step, index)
+        if key not in self._futures:
+            self._futures[key] = asyncio.get_running_loop().create_future()
+        return self._futures[key]
+
+    async def send(self, chunk: TokenChunk) -> None:
+        self.check_alive()
+        await self._tx.send(chunk, timeout_s=self.timeout_s)
+        self.chunks_sent += 1
+
+    def check_alive(self) -> None:
+        silent = time.monotonic() - self.last_heard
+        if silent > self.timeout_s:
+            raise FeederLostError(
+                f"the reward feeder stopped answering ({silent:.0f} s without a message on "
+                f"{self.results_endpoint}); is its process alive? (overlap.feeder_timeout_s)")
+
+    async def score(self, step: int, index: int) -> float:
+        """Wait for the final score of (step, index), failing if the feeder goes silent."""
+        fut = self.expect(step, index)
+        while True:
+            self.check_alive()
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout=0.25)
+            except asyncio.TimeoutError:
+                continue
+
+    def forget(self, step: int, index: int) -> None:
+        self._futures.pop((step, index), None)
+
+    async def shutdown_feeder(self) -> None:
+        await self._tx.send(Shutdown(reason="run finished"), timeout_s=1.0)
+
+
+class Chunker:
+    """Cuts the tokens one sample produces in one step into chunks of ``k`` tokens."""
+
+    def __init__(self, client: ScoreClient, step: int, sample: Sample, k: int):
+        self.client, self.step, self.sample, self.k = client, step, sample, k
+        self.prefix = list(sample.prompt_ids) + list(sample.output_ids)  # a resumed sample's prior tokens
+        self.buffer: list[int] = []
+        self.seq = 0
+
+    async def _flush(self, final: bool) -> None:
+        chunk = TokenChunk(step=self.step, index=self.sample.index, seq=self.seq,
+                           prompt_ids=self.prefix if self.seq == 0 else None,
+                           tokens=self.buffer, final=final)
+        self.buffer = []
+        self.seq += 1
+        await self.client.send(chunk)
+
+    async def on_tokens(self, sample: Sample, new_ids: list[int]) -> None:
+        self.buffer += new_ids
+        if len(self.buffer) >= self.k:
+            await self._flush(final=False)
+
+    async def finish(self) -> None:
+        """The sample ended (stop or length): send the rest and mark it final."""
+        await self._flush(final=True)

@@ -1,0 +1,103 @@
+"""OPPO overlaps on real SGLang (CPU, tiny models): streamed scoring, deferral, feeder loss."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+import time
+
+import pytest
+
+from engine import oppo, reward, rollout
+from engine.reward_feeder import RewardFeeder
+from engine.rollout import Sample
+from engine.streamed import ScoreClient
+
+pytestmark = pytest.mark.slow
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def _prompts(n):
+    return [[1] + [10 + (7 * i + j) % 200 for j in range(5 + 3 * i)] for i in range(n)]
+
+
+def test_streamed_rewards_equal_scoring_after_generation(actor_engine, reward_engine):
+    loop = actor_engine.loop
+    with tempfile.TemporaryDirectory() as tmp:
+        chunks, results = f"ipc://{tmp}/c", f"ipc://{tmp}/r"
+        feeder = RewardFeeder(reward_engine, chunks, results)
+        stop = asyncio.Event()
+        task = loop.create_task(feeder.run(stop))
+        client = ScoreClient(chunks, results, timeout_s=30)
+
+        async def go():
+            async with client:
+                samples = [Sample(i, p, 10 + 5 * i) for i, p in enumerate(_prompts(4))]
+                res = await oppo.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4)
+                stop.set()
+                await task
+                return samples, res
+
+        samples, res = loop.run_until_complete(go())
+    assert len(res.completed) == 4 and not res.unfinished
+    after = loop.run_until_complete(
+        reward.score_many(reward_engine, [s.prompt_ids + s.output_ids for s in samples], "after"))
+    for s, want in zip(samples, after):
+        assert res.scores[s.index] == pytest.approx(want, abs=1e-5)
+    assert feeder.chunks_seen >= sum(len(s.output_ids) // 4 for s in samples)
+    assert res.seconds["reward_tail"] >= 0
+
+
+def test_cut_defers_partials_that_resume_exactly(actor_engine, reward_engine):
+    loop = actor_engine.loop
+    prompts = _prompts(4)
+    budgets = [6, 64, 64, 64]
+    full = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    loop.run_until_complete(rollout.generate(actor_engine, full, GREEDY, "unint"))
+
+    samples = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    res = loop.run_until_complete(oppo.run_step(
+        actor_engine, samples, GREEDY, 1, reward_engine=reward_engine, cut_after=1))
+    assert [s.index for s in res.completed] == [0]  # exactly B=1 trained
+    assert len(res.unfinished) == 3
+    for s in res.unfinished:
+        assert s.finish_reason == "abort" and len(s.output_ids) < s.max_new_tokens
+    res2 = loop.run_until_complete(oppo.run_step(
+        actor_engine, res.unfinished, GREEDY, 2, reward_engine=reward_engine))
+    assert len(res2.completed) == 3
+    for s in res.unfinished:
+        assert s.output_ids == full[s.index].output_ids
+        assert len(s.output_ids) == len(s.logprobs) == len(s.versions) == s.max_new_tokens
+
+
+def test_feeder_killed_mid_step_gives_clear_error(tiny_actor_path, tiny_rm_path, tmp_path):
+    from colocate import builder, loop as ppo_loop
+    from colocate.config import load_config
+    from engine.streamed import FeederLostError
+
+    cfg = load_config(overrides=[
+        f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path}",
+        "overlap.mode=intra", "overlap.feeder=process", "overlap.feeder_timeout_s=5",
+        "overlap.chunk_size=2", "rollout.batch_size=4", "rollout.max_new_tokens=200",
+        "data.max_prompt_tokens=512", "run.steps=1",
+        "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192"])
+    session = builder.build(cfg, log=lambda m: None)
+    pid = session.overlap.feeder_pid()
+    assert pid is not None
+
+    def killer():
+        while session.overlap.client.chunks_sent < 3:
+            time.sleep(0.01)
+        import os, signal
+        os.kill(pid, signal.SIGKILL)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(FeederLostError, match="reward feeder"):
+            ppo_loop.step(session)
+        assert time.monotonic() - started < 60
+    finally:
+        session.close()

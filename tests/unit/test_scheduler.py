@@ -1,0 +1,249 @@
+"""engine/scheduler.py: Δ adaptation against a hand computation, launch order and unique
+indices, budget accounting across deferrals, exactly-B selection, staleness drops, the
+chunk-size tuner, and JSON state round-trips."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from colocate.errors import ColocateError, ConfigError
+from engine.rollout import Sample
+from engine.scheduler import (
+    ChunkSizeTuner,
+    ChunkTunerConfig,
+    DeltaController,
+    LengthAwareScheduler,
+    SchedulerConfig,
+    reward_slope,
+    staleness_stats,
+)
+
+
+def factory(budget=8, limit=None):
+    def make(index):
+        if limit is not None and index >= limit:
+            return None
+        return Sample(index=index, prompt_ids=[1, 2, index], max_new_tokens=budget)
+    return make
+
+
+def grow(sample, n, version, finish=None):
+    """Pretend the engine generated ``n`` tokens (capped by the budget) under ``version``."""
+    n = min(n, sample.remaining)
+    sample.output_ids += [7] * n
+    sample.logprobs += [-0.5] * n
+    sample.versions += [version] * n
+    sample.attempts += 1
+    sample.finish_reason = finish or ("length" if sample.remaining == 0 else "abort")
+
+
+def test_reward_slope_is_least_squares():
+    assert reward_slope([1.0]) == 0.0
+    assert reward_slope([0.0, 2.0]) == pytest.approx(2.0)
+    # x = 0..3, y = 1, 3, 2, 5: x̄ = 1.5, ȳ = 2.75, Σ(x−x̄)(y−ȳ) = 5.5, Σ(x−x̄)² = 5
+    assert reward_slope([1.0, 3.0, 2.0, 5.0]) == pytest.approx(1.1)
+
+
+def test_delta_follows_reward_slope_by_hand_and_respects_bounds():
+    cfg = SchedulerConfig(batch_size=4, delta_init=2, delta_min=1, delta_max=4, delta_inc=1,
+                          delta_dec=2, window=3)
+    ctl = DeltaController(cfg)
+    rewards = [0.1, 0.2, 0.4, 0.8, 0.7, 0.5, 0.3, 0.2, 0.9, 1.0]
+    # by hand: a least-squares slope over 3 points is (y2 - y0) / 2, over 2 it is y1 - y0;
+    # windows and slope signs: +, +, +, +(.15), −, −, −, +(.3), +(.4)
+    expected = [2, 3, 4, 4, 4, 2, 1, 1, 2, 3]
+    got = [ctl.update(r) for r in rewards]
+    assert got == expected
+    assert all(cfg.delta_min <= d <= cfg.delta_max for d in got)
+
+
+def test_delta_fixed_mode_flat_rewards_and_nan():
+    fixed = DeltaController(SchedulerConfig(delta_init=3, adaptive=False))
+    assert [fixed.update(r) for r in [0.0, 1.0, 2.0, 3.0]] == [3, 3, 3, 3]
+    flat = DeltaController(SchedulerConfig(delta_init=2, delta_max=4))
+    assert [flat.update(1.0) for _ in range(3)] == [2, 1, 0]  # slope 0 counts as "not rising"
+    nan = DeltaController(SchedulerConfig(delta_init=2))
+    assert nan.update(float("nan")) == 2 and nan.rewards == []
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="overlap.delta_init"):
+        SchedulerConfig(delta_init=9, delta_max=8)
+    with pytest.raises(ConfigError, match="overlap.window"):
+        SchedulerConfig(window=1)
+    with pytest.raises(ConfigError, match="overlap.retune_every"):
+        ChunkTunerConfig(candidates=(16, 32, 64), retune_every=2)
+
+
+def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, adaptive=False))
+    p1 = sched.plan(factory(), current_version=0)
+    assert [s.index for s in p1.launch] == [0, 1, 2, 3] and p1.resumed == 0
+    a, b, c, d = p1.launch
+    grow(c, 8, 0, "stop"), grow(a, 3, 0, "stop"), grow(b, 2, 0), grow(d, 1, 0)
+    train, defer = sched.select([c, a, b, d])
+    assert [s.index for s in train] == [2, 0] and [s.index for s in defer] == [1, 3]
+    p2 = sched.plan(factory(), current_version=1)
+    assert [s.index for s in p2.launch] == [1, 3, 4, 5] and p2.resumed == 2
+    for s in p2.launch:
+        grow(s, 1, 1)  # nothing finishes: all deferred again
+    assert sched.select(p2.launch) == ([], p2.launch)
+    p3 = sched.plan(factory(), current_version=2)
+    assert [s.index for s in p3.launch] == [1, 3, 4, 5]  # oldest first, no new ones needed
+    seen = [s.index for p in (p1, p2, p3) for s in p.launch]
+    assert sched.next_index == 6 and len(set(seen)) == 6
+
+
+def test_budget_is_kept_across_several_deferrals():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1, adaptive=False,
+                                                 max_staleness_versions=100))
+    long_one = None
+    for version in range(6):
+        plan = sched.plan(factory(budget=10), version)
+        long_one = long_one or plan.launch[0]
+        for s in plan.launch:
+            if s is long_one:
+                before = s.remaining
+                grow(s, 3, version)
+                assert s.remaining == before - min(3, before) >= 0
+            else:
+                grow(s, 1, version, "stop")  # the short one finishes first
+        order = sorted(plan.launch, key=lambda s: not s.finished)
+        train, _ = sched.select(order)
+        if long_one in train:
+            break
+    assert long_one.finish_reason == "length" and long_one.remaining == 0
+    assert len(long_one.output_ids) == len(long_one.versions) == 10
+    assert long_one.versions == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]  # 3+3+3+1: capped at 10
+
+
+def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=3, adaptive=False))
+    plan = sched.plan(factory(), 0)
+    for s in plan.launch[:4]:
+        grow(s, 2, 0, "stop")
+    grow(plan.launch[4], 1, 0)
+    order = [plan.launch[i] for i in (3, 1, 0, 2, 4)]
+    train, defer = sched.select(order)
+    assert [s.index for s in train] == [3, 1]
+    assert [s.index for s in defer] == [0, 2, 4]
+    p2 = sched.plan(factory(), 1)
+    assert [s.index for s in p2.ready] == [0, 2]  # complete: trained first, not regenerated
+    assert [s.index for s in p2.launch] == [4, 5, 6] and len(p2.ready + p2.launch) == 5
+    for s in p2.launch:
+        grow(s, 1, 1, "stop")
+    train, defer = sched.select(p2.launch)
+    assert [s.index for s in train] == [0, 2] and [s.index for s in defer] == [4, 5, 6]
+
+
+def test_select_refuses_missing_samples_and_overrun_budgets():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1))
+    plan = sched.plan(factory(budget=2), 0)
+    with pytest.raises(ColocateError, match="every launched sample"):
+        sched.select(plan.launch[:1])
+    plan.launch[0].output_ids += [1, 2, 3]
+    with pytest.raises(ColocateError, match="overran its budget"):
+        sched.select(plan.launch)
+    with pytest.raises(ColocateError, match="before select"):
+        sched.plan(factory(), 0)
+
+
+def test_stale_partials_are_dropped_and_reported():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=2, adaptive=False,
+                                                 max_staleness_versions=2))
+    plan = sched.plan(factory(), 0)
+    grow(plan.launch[0], 1, 0, "stop"), grow(plan.launch[1], 2, 0), grow(plan.launch[2], 0, 0)
+    sched.select(plan.launch)
+    p2 = sched.plan(factory(), current_version=2)  # lag 2 == S_hard: kept
+    assert p2.dropped == [] and p2.resumed == 2
+    for s in p2.launch:
+        grow(s, 1, 2)
+    sched.select(p2.launch)
+    p3 = sched.plan(factory(), current_version=3)  # sample 1's oldest token lags 3 > 2
+    assert [s.index for s in p3.dropped] == [1] and sched.dropped_total == 1
+    assert 1 not in [s.index for s in p3.launch] and 2 in [s.index for s in p3.launch]
+
+
+def test_out_of_prompts_launches_fewer():
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2))
+    assert [s.index for s in sched.plan(factory(limit=3), 0).launch] == [0, 1, 2]
+
+
+def test_staleness_stats_over_tokens():
+    a = Sample(0, [1], 8, [5, 5, 5], [0.0] * 3, [3, 3, 4])
+    b = Sample(1, [1], 8, [5], [0.0], [1])
+    assert staleness_stats([a, b], 4) == {"mean": 1.25, "max": 3.0, "frac_stale_tokens": 0.75}
+    assert staleness_stats([], 4)["max"] == 0.0
+
+
+def test_chunk_tuner_picks_fastest_and_retunes_every_n():
+    tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=(16, 32, 64), retune_every=5, fixed=8))
+    costs = [{16: 3.0, 32: 1.0, 64: 2.0}, {16: 0.5, 32: 1.0, 64: 2.0}]
+    used = []
+    for step in range(10):
+        chunk = tuner.chunk_for_step(step)
+        used.append(chunk)
+        tuner.record(step, chunk, costs[step // 5].get(chunk, 9.0))
+    assert used == [16, 32, 64, 32, 32, 16, 32, 64, 16, 16]
+    fixed = ChunkSizeTuner(ChunkTunerConfig(adaptive=False, fixed=48))
+    assert {fixed.chunk_for_step(s) for s in range(100)} == {48}
+    with pytest.raises(ColocateError, match="took"):
+        tuner.record(0, 16, float("nan"))
+
+
+def test_chunk_tuner_incomplete_round_falls_back_to_fixed_and_round_trips():
+    cfg = ChunkTunerConfig(candidates=(16, 32), retune_every=4, fixed=8)
+    tuner = ChunkSizeTuner(cfg)
+    tuner.record(0, 16, 1.0)
+    tuner.record(2, 16, 0.1)  # not a tuning step: ignored
+    assert tuner.chunk_for_step(2) == 8
+    fresh = ChunkSizeTuner(cfg)
+    fresh.load_state_dict(json.loads(json.dumps(tuner.state_dict())))
+    fresh.record(1, 32, 0.5)
+    assert fresh.chunk_for_step(3) == 32 and fresh.state_dict()["best"] == 32
+
+
+def test_scheduler_state_round_trips_through_json():
+    cfg = SchedulerConfig(batch_size=1, delta_init=1, delta_max=3, window=3)
+    sched = LengthAwareScheduler(cfg)
+    plan = sched.plan(factory(), 0)
+    grow(plan.launch[0], 2, 0, "stop"), grow(plan.launch[1], 3, 0)
+    sched.select(plan.launch)
+    sched.observe_reward(0.1), sched.observe_reward(0.3)
+    state = json.loads(json.dumps(sched.state_dict()))
+    fresh = LengthAwareScheduler(cfg)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == sched.state_dict() and fresh.delta == 2
+    assert fresh.deferred == sched.deferred and fresh.deferred[0].output_ids == [7, 7, 7]
+    a, b = sched.plan(factory(), 1), fresh.plan(factory(), 1)
+    assert [s.index for s in a.launch] == [s.index for s in b.launch] == [1, 2, 3]
+    with pytest.raises(ColocateError, match="between steps"):
+        sched.state_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 3), st.lists(st.lists(st.integers(0, 6), min_size=6,
+                                                              max_size=6), min_size=1, max_size=6))
+def test_invariants_over_random_steps(batch, delta, steps):
+    """Budgets are never exceeded, indices are unique, nothing is lost, and exactly B are
+    trained whenever B finished."""
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=batch, delta_init=delta,
+                                                 delta_max=3, adaptive=False,
+                                                 max_staleness_versions=100))
+    trained = []
+    for version, grows in enumerate(steps):
+        plan = sched.plan(factory(budget=5), version)
+        assert len(plan.launch) + len(plan.ready) == batch + delta
+        for s, n in zip(plan.launch, grows):
+            grow(s, n, version, "stop" if n % 3 == 0 else None)
+        ended = sorted(plan.launch, key=lambda s: not s.finished)
+        train, defer = sched.select(ended)
+        done = len(plan.ready) + sum(s.finished for s in ended)
+        assert len(train) == min(batch, done) and all(s.finished for s in train)
+        trained += train
+        for s in plan.launch:
+            assert 0 <= s.remaining and len(s.output_ids) == len(s.versions) <= 5
+    ids = [s.index for s in trained] + [s.index for s in sched.deferred]
+    assert sorted(ids) == list(range(sched.next_index))  # each sample trained or held, once
