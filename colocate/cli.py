@@ -72,6 +72,42 @@ def train(config, overrides, resume, print_config):
 
 
 @main.command()
+@click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
+@click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
+@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task (default: the preset's).")
+@click.option("--modes", default="sequential,intra,inter,oppo", show_default=True, help="Comma list of modes.")
+@click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's, 3).")
+@click.option("--steps", type=int, default=0, help="Measured steps per mode and repeat (default: the preset's).")
+@click.option("--no-peer", is_flag=True, help="Skip the TRL PPO peer.")
+@click.option("--chunk-size", type=int, default=16, show_default=True, help="Streamed-scoring chunk (tokens).")
+@click.option("--delta", type=int, default=2, show_default=True, help="Extra requests launched per step (Δ).")
+@click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
+@_friendly
+def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, out):
+    """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
+    peer, the lower bound; writes report.md, results.json and plots.
+
+    \b
+    Examples:
+      colocate bench --quick
+      colocate bench --full --workloads longtail,task --repeats 5
+    """
+    from bench.suite import BenchOptions, run
+    from bench.workloads import MODES, WORKLOADS
+
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
+    bad = [m for m in mode_list if m not in MODES] + [w for w in wl if w not in WORKLOADS]
+    if bad:
+        raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)}, workloads {sorted(WORKLOADS)}")
+    opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
+                        peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta)
+    folder = run(opts, log=lambda m: click.echo(m, err=True))
+    click.echo((folder / "report.md").read_text())
+    click.echo(f"\nwritten: {folder}/report.md, results.json, *_timeline.png, *_reward.png")
+
+
+@main.command()
 @click.option("--skip-rm", is_flag=True, help="Only convert the actor model.")
 @_friendly
 def prepare(skip_rm):

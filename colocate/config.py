@@ -40,6 +40,12 @@ class DataConfig:
 class RolloutConfig:
     batch_size: int = 8  # B: samples trained on per step
     max_new_tokens: int = 32
+    # per-request token budgets: fixed (all max_new_tokens) or a long tail capped at it
+    length_dist: Literal["fixed", "lognormal", "pareto"] = "fixed"
+    length_median: int = 0  # lognormal/pareto: typical budget (0: max_new_tokens // 4)
+    length_sigma: float = 1.0  # lognormal spread
+    pareto_alpha: float = 1.5  # pareto tail index (smaller: heavier tail)
+    ignore_eos: bool = False  # generate to the budget (benchmarks with controlled lengths)
     temperature: float = 1.0  # 0: greedy (reproducible across engine restarts; for tests)
     top_p: float = 1.0
 

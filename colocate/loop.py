@@ -54,7 +54,8 @@ def rollout(s: Session) -> RolloutData | None:
 
 def _sampling(s: Session) -> dict[str, Any]:
     eos = [t for t in {s.tokenizer.eos_token_id, s.tokenizer.pad_token_id} if t is not None]
-    return sampling_params(s.cfg.rollout.temperature, s.cfg.rollout.top_p, eos)
+    r = s.cfg.rollout
+    return sampling_params(r.temperature, r.top_p, eos, r.ignore_eos)
 
 
 def overlapped_rollout(s: Session) -> RolloutData:
@@ -110,6 +111,7 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
         "reward_std": statistics.pstdev(data.scores),
         "trained_samples": len(data.scores),
         "response_len": n_tokens / len(data.responses),
+        "prompt_len": sum(len(p) for p in data.prompts) / len(data.prompts),
         "kl": mean_kl,
         "kl_coef": s.kl_ctl.value,
         "weight_version": s.state.weight_version,

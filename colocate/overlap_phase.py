@@ -124,7 +124,7 @@ class Overlap:
         def make_sample(index: int) -> Sample:
             p = next_prompt()
             prompts[index] = p
-            return Sample(index, list(p.ids), self.cfg.rollout.max_new_tokens)
+            return Sample(index, list(p.ids), p.budget or self.cfg.rollout.max_new_tokens)
 
         plan = self.scheduler.plan(make_sample, version)
         for s in plan.dropped:

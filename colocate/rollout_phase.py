@@ -23,10 +23,30 @@ RewardFn = Callable[[dict[str, Any], str], Any]  # (prompt record, response text
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-    """One tokenized prompt with its source record (kept for rule rewards)."""
+    """One tokenized prompt with its source record (kept for rule rewards) and, once
+    drawn for a step, its response token budget."""
 
     ids: tuple[int, ...]
     record: dict[str, Any]
+    budget: int | None = None
+
+
+def response_budget(rollout_cfg, seed: int, position: int) -> int:
+    """Token budget of the request at data ``position``: ``max_new_tokens``, or a draw from
+    a long-tailed distribution capped at it (deterministic in seed and position)."""
+    import math
+    import random
+
+    cap = rollout_cfg.max_new_tokens
+    if rollout_cfg.length_dist == "fixed":
+        return cap
+    rng = random.Random(seed * 1_000_003 + position)
+    median = rollout_cfg.length_median or max(1, cap // 4)
+    if rollout_cfg.length_dist == "lognormal":
+        draw = math.exp(rng.gauss(math.log(median), rollout_cfg.length_sigma))
+    else:  # pareto with the given median: x_m = median / 2^(1/alpha)
+        draw = median / 2 ** (1 / rollout_cfg.pareto_alpha) * rng.paretovariate(rollout_cfg.pareto_alpha)
+    return int(min(cap, max(1, round(draw))))
 
 
 @dataclasses.dataclass
@@ -36,8 +56,12 @@ class RolloutOutput:
     seconds: dict[str, float]
 
 
-def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int]) -> dict[str, Any]:
-    return {"temperature": temperature, "top_p": top_p, "stop_token_ids": list(stop_ids)}
+def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
+                    ignore_eos: bool = False) -> dict[str, Any]:
+    params = {"temperature": temperature, "top_p": top_p, "stop_token_ids": list(stop_ids)}
+    if ignore_eos:
+        params = {"temperature": temperature, "top_p": top_p, "ignore_eos": True}
+    return params
 
 
 async def _call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
@@ -77,7 +101,7 @@ def run_sequential(
     """Generate all samples, then score them."""
     import time
 
-    samples = [Sample(i, list(p.ids), max_new_tokens) for i, p in enumerate(prompts)]
+    samples = [Sample(i, list(p.ids), p.budget or max_new_tokens) for i, p in enumerate(prompts)]
     tag = f"st{step:07d}"
     t0 = time.perf_counter()
     actor.loop.run_until_complete(rollout.generate(actor, samples, sampling, tag))

@@ -84,7 +84,13 @@ class Session:
 
     def next_prompts(self, n: int) -> list[Prompt]:
         """The next ``n`` prompts in a fixed, seeded cycle over the prompt set."""
-        picked = [self.prompts[(self.state.data_pos + i) % len(self.prompts)] for i in range(n)]
+        from colocate.rollout_phase import response_budget
+
+        picked = []
+        for i in range(n):
+            pos = self.state.data_pos + i
+            budget = response_budget(self.cfg.rollout, self.cfg.run.seed, pos)
+            picked.append(dataclasses.replace(self.prompts[pos % len(self.prompts)], budget=budget))
         self.state.data_pos += n
         return picked
 

@@ -1,0 +1,75 @@
+"""Bench plots: a per-step phase timeline (Gantt) per mode and reward vs wall-clock.
+
+Owns: two PNGs per workload, drawn with matplotlib's Agg backend. Leaves out: numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+PHASES = ("generate", "reward_tail", "abort_wait", "sleep_wake", "ref", "old_logp", "values",
+          "advantages", "critic", "actor", "sync")
+
+
+def _median_step(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    target = statistics.median(r["step_s"] for r in rows)
+    return min(rows, key=lambda r: abs(r["step_s"] - target))
+
+
+def gantt(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.7 * len(modes)))
+    colors = plt.get_cmap("tab20").colors
+    shown = set()
+    for y, mode in enumerate(modes):
+        rows = [r for r in records if r["mode"] == mode]
+        if not rows:
+            continue
+        rec, t = _median_step(rows), 0.0
+        for i, phase in enumerate(PHASES):
+            dur = rec.get(f"time/{phase}", 0.0)
+            if dur <= 0:
+                continue
+            ax.barh(y, dur, left=t, color=colors[i % len(colors)], edgecolor="black", linewidth=0.3,
+                    label=phase if phase not in shown else None)
+            shown.add(phase)
+            t += dur
+        ax.text(rec["step_s"], y, f" {rec['step_s']:.2f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(modes)), modes)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds within the median step (generation includes the overlapped scoring)")
+    ax.set_title(title)
+    ax.legend(ncol=6, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def reward_curve(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = plt.get_cmap("tab10").colors
+    for i, mode in enumerate(modes):
+        for rep in sorted({r["repeat"] for r in records if r["mode"] == mode}):
+            rows = [r for r in records if r["mode"] == mode and r["repeat"] == rep]
+            ax.plot([r["wall_s"] for r in rows], [r["reward_mean"] for r in rows], marker="o", ms=3,
+                    color=colors[i % 10], alpha=0.8, label=mode if rep == 0 else None)
+    ax.set_xlabel("wall-clock seconds since the mode's first measured step")
+    ax.set_ylabel("mean reward of trained samples")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

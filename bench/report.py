@@ -1,0 +1,98 @@
+"""Bench report: per-mode summaries with spread, ratios, a markdown table and JSON.
+
+Owns: turning step records into per-mode medians and min–max, the per-repeat ratios of
+each mode against sequential (and of oppo against the TRL peer), efficiency against the
+lower bound, and the markdown text. Never a lone absolute time without its comparison.
+Leaves out: plots (``bench.plots``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from bench.limit import TRAIN_PHASES, step_bound
+
+
+def spread(xs: Sequence[float]) -> dict[str, float]:
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _fmt(s: dict[str, float], digits: int = 2) -> str:
+    if not s["n"]:
+        return "–"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def _per_repeat(records, mode, key) -> dict[int, float]:
+    out: dict[int, list[float]] = {}
+    for r in records:
+        if r["mode"] == mode:
+            out.setdefault(r["repeat"], []).append(r[key])
+    return {rep: statistics.median(v) for rep, v in out.items()}
+
+
+def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Sequence[str]) -> dict[str, Any]:
+    """Per-mode spreads of the headline metrics and phase times; ratios vs sequential."""
+    summary: dict[str, Any] = {}
+    base = _per_repeat(records, "sequential", "trained_samples_per_s")
+    for mode in modes:
+        rows = [r for r in records if r["mode"] == mode]
+        if not rows:
+            continue
+        mine = _per_repeat(records, mode, "trained_samples_per_s")
+        ratios = [mine[k] / base[k] for k in mine if k in base and base[k] > 0]
+        train = [sum(r.get(f"time/{p}", 0.0) for p in TRAIN_PHASES) for r in rows]
+        summary[mode] = {
+            "trained_samples_per_s": spread([r["trained_samples_per_s"] for r in rows]),
+            "response_tokens_per_s": spread([r["response_tokens_per_s"] for r in rows]),
+            "step_s": spread([r["step_s"] for r in rows]),
+            "generate_s": spread([r.get("time/generate", 0.0) for r in rows]),
+            "reward_tail_s": spread([r.get("time/reward_tail", 0.0) for r in rows]),
+            "train_s": spread(train),
+            "sync_s": spread([r.get("time/sync", 0.0) for r in rows]),
+            "engine_busy": spread([r.get("time/generate", 0.0) / r["step_s"] for r in rows]),
+            "deferred": spread([r.get("overlap/deferred", 0) for r in rows]),
+            "reward_mean": spread([r["reward_mean"] for r in rows]),
+            "vs_sequential": spread(ratios),
+            "bound_efficiency": spread([step_bound(r, probe) / r["step_s"] for r in rows]) if probe else spread([]),
+        }
+    return summary
+
+
+def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str = "oppo") -> dict[str, float] | None:
+    """oppo samples/s over TRL's, spread over oppo's steps against TRL's median."""
+    if not peer or mode not in summary or not peer.get("update_seconds"):
+        return None
+    trl = statistics.median(peer["batch_size"] / s for s in peer["update_seconds"])
+    s = summary[mode]["trained_samples_per_s"]
+    return {"median": s["median"] / trl, "min": s["min"] / trl, "max": s["max"] / trl, "n": s["n"],
+            "trl_samples_per_s": trl}
+
+
+def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] | None,
+             probe: dict[str, float]) -> str:
+    lines = [f"### workload `{workload}`", "",
+             "| mode | trained samples/s | vs sequential | response tok/s | step s | generate s | "
+             "reward tail s | train s | sync s | engine busy | deferred | reward | bound efficiency |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, s in summary.items():
+        lines.append(
+            f"| {mode} | {_fmt(s['trained_samples_per_s'])} | {_fmt(s['vs_sequential'])}x | "
+            f"{_fmt(s['response_tokens_per_s'], 0)} | {_fmt(s['step_s'])} | {_fmt(s['generate_s'])} | "
+            f"{_fmt(s['reward_tail_s'])} | {_fmt(s['train_s'])} | {_fmt(s['sync_s'])} | "
+            f"{_fmt(s['engine_busy'])} | {_fmt(s['deferred'], 1)} | {_fmt(s['reward_mean'], 3)} | "
+            f"{_fmt(s['bound_efficiency'])} |")
+    if peer_info:
+        lines += ["", f"TRL PPO (trl {peer_info.get('trl_version', '?')}, same models/batch): "
+                  f"{peer_info['trl_samples_per_s']:.3f} trained samples/s; oppo / TRL = "
+                  f"{peer_info['median']:.2f}x [{peer_info['min']:.2f}–{peer_info['max']:.2f}]"]
+    if probe:
+        lines += ["", f"engine probe: decode {probe['decode_tokens_per_s']:.0f} tok/s at batch "
+                  f"{probe['probe_batch']}, RM prefill {probe.get('prefill_tokens_per_s', float('nan')):.0f} tok/s"]
+    lines += ["", "Cells: median [min–max] over measured steps (ratios: over repeats). bound efficiency = "
+              "lower-bound step time / measured step time (1.0 = at the bound)."]
+    return "\n".join(lines)

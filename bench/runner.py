@@ -1,0 +1,71 @@
+"""Run the modes of one workload side by side: same engines, models, prompts, seeds, batch.
+
+Owns: one session per workload (engines and trainer built once), and for every repeat
+all modes in a rotated order (interleaved, so drift on a shared machine hits every mode
+alike). Before each (mode, repeat) the trainer, KL controller and data position are reset
+to the start, the initial weights are synced to the engine, and the mode's scheduler and
+feeder are set up fresh; one warm-up step is run and not recorded.
+
+Leaves out: the lower bound (``bench.limit``), tables and plots (``bench.report``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+from colocate.config import Config
+
+
+def _mode_cfg(cfg: Config, mode: str) -> Config:
+    return dataclasses.replace(cfg, overlap=dataclasses.replace(cfg.overlap, mode=mode))
+
+
+def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, Any]) -> None:
+    """Back to step 0 with the initial weights, under ``cfg``'s mode."""
+    from colocate.overlap_phase import Overlap
+    from colocate.session import RunState
+
+    if session.overlap is not None:
+        session.overlap.close()
+        session.overlap = None
+    session.cfg = cfg
+    session.trainer.load_state_dict(initial)
+    session.kl_ctl.load_state_dict(kl_state)
+    session.state = RunState(weight_version=session.state.weight_version)
+    session.sync_weights()
+    if session.reward_engine is not None:
+        session.reward_engine.flush_cache()
+    if cfg.overlap.mode != "sequential":
+        session.overlap = Overlap(cfg, session.actor, session.reward_engine, None, session.log)
+
+
+def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
+                 progress: Callable[[str], None] = print, limit_probe=None) -> dict[str, Any]:
+    """Records of every measured step, tagged with mode and repeat; plus the probe."""
+    from colocate import builder, loop
+
+    session = builder.build(_mode_cfg(cfg, "sequential"), log=lambda m: None)
+    records: list[dict[str, Any]] = []
+    try:
+        initial = session.trainer.state_dict()
+        kl_state = session.kl_ctl.state_dict()
+        probe = limit_probe(session) if limit_probe is not None else {}
+        for rep in range(repeats):
+            order = list(modes[rep % len(modes):]) + list(modes[: rep % len(modes)])
+            for mode in order:
+                _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
+                started = time.perf_counter()
+                for k in range(steps + 1):
+                    rec = loop.step(session)
+                    if k == 0:  # warm-up: caches, allocator, first chunk tuning
+                        started = time.perf_counter()
+                        continue
+                    records.append({**rec, "mode": mode, "repeat": rep,
+                                    "wall_s": time.perf_counter() - started})
+                    progress(f"  repeat {rep + 1}/{repeats} {mode:<10} step {k}/{steps}: "
+                             f"{rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}")
+    finally:
+        session.close()
+    return {"records": records, "probe": probe}

@@ -1,0 +1,106 @@
+"""`colocate bench`: every workload, every mode side by side, the TRL peer, one report.
+
+Owns: resolving the preset into configs, running each workload (``bench.runner``), the
+TRL peer in a subprocess (its own process, so neither run shares threads or memory), and
+writing ``report.md``, ``results.json`` and the plots into the run folder.
+Leaves out: what a mode does (``colocate``), the numbers' meaning (``bench.report``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench import limit, plots, report, runner
+from bench.workloads import MODES, PRESETS, Preset, small_models, workload_overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    preset: str = "quick"
+    workloads: tuple[str, ...] = ()  # () : the preset's
+    modes: tuple[str, ...] = MODES
+    repeats: int = 0  # 0: the preset's
+    steps: int = 0
+    peer: bool = True
+    out_dir: str = ""
+    chunk_size: int = 16
+    delta: int = 2
+
+
+def _preset(opts: BenchOptions) -> Preset:
+    p = PRESETS[opts.preset]
+    return dataclasses.replace(p, workloads=opts.workloads or p.workloads,
+                               repeats=opts.repeats or p.repeats, steps=opts.steps or p.steps)
+
+
+def _models(preset: Preset, out: Path) -> tuple[str, str]:
+    if preset.models == "small":
+        return small_models(out.parent / ".bench-models")
+    from colocate.api import prepare
+
+    paths = prepare(with_reward_model=True)
+    return str(paths["smollm2"]), str(paths["sentiment-rm"])
+
+
+def _config(preset: Preset, opts: BenchOptions, workload: str, actor: str, rm: str, out: Path):
+    from colocate.config import load_config
+
+    return load_config(overrides=[
+        f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out / workload}",
+        "data.max_prompt_tokens=512", f"overlap.chunk_size={opts.chunk_size}",
+        f"overlap.delta_init={opts.delta}", "overlap.delta_adaptive=false",
+        f"overlap.delta_max={max(opts.delta, 1)}", *workload_overrides(preset, workload)])
+
+
+def run_peer(actor: str, rm: str, preset: Preset, out: Path, log) -> dict[str, Any] | None:
+    """TRL's PPO on the same models and batch, in a subprocess; None if unavailable."""
+    cmd = [sys.executable, "-m", "bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
+           "--batch", str(preset.batch_size), "--new-tokens", str(preset.max_new_tokens),
+           "--updates", str(preset.peer_updates), "--out", str(out)]
+    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {preset.max_new_tokens} tokens")
+    proc = subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True)
+    result = out / "trl_result.json"
+    if proc.returncode != 0 or not result.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        log(f"TRL peer unavailable: {tail[0]}")
+        return None
+    data = json.loads(result.read_text())
+    data["batch_size"] = preset.batch_size
+    return data
+
+
+def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
+    preset = _preset(opts)
+    out = Path(opts.out_dir or f"runs/bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    actor, rm = _models(preset, out)
+    results: dict[str, Any] = {"preset": dataclasses.asdict(preset), "options": dataclasses.asdict(opts),
+                               "models": {"actor": actor, "reward": rm}, "workloads": {}}
+    sections = [f"# colocate bench — preset `{preset.name}`", "",
+                f"models: actor `{actor}`, reward `{rm}`; batch {preset.batch_size}; "
+                f"{preset.repeats} repeats × {preset.steps} measured steps per mode (after 1 warm-up), "
+                f"modes interleaved in rotated order; chunk {opts.chunk_size}, Δ {opts.delta}.", ""]
+    peer = run_peer(actor, rm, preset, out / "trl", log) if opts.peer and preset.peer_updates else None
+    for workload in preset.workloads:
+        log(f"workload {workload}")
+        cfg = _config(preset, opts, workload, actor, rm, out)
+        data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe)
+        summary = report.summarize(data["records"], data["probe"], opts.modes)
+        peer_info = report.peer_ratio(summary, peer)
+        if peer_info:
+            peer_info["trl_version"] = peer.get("trl_version", "?")
+        plots.gantt(data["records"], opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
+        plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")
+        results["workloads"][workload] = {**data, "summary": summary, "peer": peer_info}
+        sections += [report.markdown(workload, summary, peer_info, data["probe"]), "",
+                     f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", ""]
+    results["peer_raw"] = peer
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "report.md").write_text("\n".join(sections))
+    return out

@@ -1,0 +1,26 @@
+"""`colocate bench` end to end (tiny preset run) and the CLI through click's runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from colocate.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_quick_writes_table_json_and_plots(tmp_path):
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--no-peer", "--repeats", "1", "--steps", "1",
+                                       "--workloads", "short", "--modes", "sequential,oppo", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert "| sequential |" in report and "| oppo |" in report and "vs sequential" in report
+    data = json.loads((out / "results.json").read_text())
+    summary = data["workloads"]["short"]["summary"]
+    assert summary["oppo"]["vs_sequential"]["n"] == 1 and summary["oppo"]["trained_samples_per_s"]["median"] > 0
+    for png in ("short_timeline.png", "short_reward.png"):
+        assert (out / png).stat().st_size > 5000

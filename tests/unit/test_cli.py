@@ -1,0 +1,47 @@
+"""CLI surface through click's runner: help everywhere, config errors as one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from colocate.cli import main
+
+
+@pytest.mark.parametrize("cmd", [[], ["train"], ["bench"], ["doctor"], ["prepare"]])
+def test_help_everywhere(cmd):
+    result = CliRunner().invoke(main, [*cmd, "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_train_print_config_applies_overrides():
+    result = CliRunner().invoke(main, ["train", "--print-config", "--set", "run.steps=7", "--set", "overlap.mode=oppo"])
+    assert result.exit_code == 0
+    assert "steps: 7" in result.output and "mode: oppo" in result.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "run.stepz=3"], "did you mean 'run.steps'"),
+    (["--set", "ppo.epochs=abc"], "ppo.epochs: expected int"),
+    (["--set", "rollout.batch_size=3"], "divisible by ppo.minibatches"),
+    (["--set", "overlap.mode=fast"], "overlap.mode"),
+    (["--set", "noequals"], "expected section.field=value"),
+    (["does-not-exist.yaml"], "does not exist"),
+])
+def test_bad_config_is_one_line(args, needle):
+    result = CliRunner().invoke(main, ["train", *args, "--print-config"])
+    assert result.exit_code == 2
+    err = result.output.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_malformed_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run:\n  steps: [1,\n")
+    result = CliRunner().invoke(main, ["train", str(bad), "--print-config"])
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+
+
+def test_bench_rejects_unknown_mode():
+    result = CliRunner().invoke(main, ["bench", "--modes", "sequential,turbo"])
+    assert result.exit_code == 2 and "turbo" in result.output
