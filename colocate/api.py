@@ -11,14 +11,18 @@ step (``colocate.loop``) and construction (``colocate.builder``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import signal
+import threading
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
+from colocate.progress import Progress
 
 
 def model_aliases() -> dict[str, Callable[[], Path]]:
@@ -46,6 +50,7 @@ class Summary:
     steps: int
     history: list[dict[str, Any]]
     wall_s: float
+    stopped_by: str = ""  # a signal name when SIGINT/SIGTERM ended the run early
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -54,22 +59,50 @@ class Summary:
     def describe(self) -> str:
         if not self.history:
             return f"no steps run; output in {self.out_dir}"
-        rewards = [h["reward_mean"] for h in self.history]
+        rewards = [h["reward_mean"] for h in self.history if "reward_mean" in h] or [float("nan")]
         k = max(1, min(5, len(rewards) // 4))
         step_s = statistics.median(h["step_s"] for h in self.history)
-        return (f"{len(self.history)} steps in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
+        stopped = f"stopped by {self.stopped_by} at step {self.steps}; " if self.stopped_by else ""
+        return (f"{stopped}{len(self.history)} steps in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
                 f"reward {statistics.fmean(rewards[:k]):+.3f} (first {k}) → "
                 f"{statistics.fmean(rewards[-k:]):+.3f} (last {k}); "
                 f"metrics {self.out_dir / 'metrics.jsonl'}, checkpoints {self.checkpoint_dir}")
 
 
-def _progress_line(total: int) -> Callable[[dict[str, Any]], None]:
-    def show(rec: dict[str, Any]) -> None:
-        print(f"step {rec['step']:>4}/{total}  reward {rec['reward_mean']:+.3f}  kl {rec['kl']:.3f}  "
-              f"gen {rec.get('time/generate', 0):.1f}s  train {rec.get('time/actor', 0) + rec.get('time/critic', 0):.1f}s  "
-              f"step {rec['step_s']:.1f}s", flush=True)
+class StopRequest:
+    """Set by SIGINT/SIGTERM; the loop stops at the next step boundary with a checkpoint."""
 
-    return show
+    def __init__(self) -> None:
+        self.requested = False
+        self.reason = ""
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested, self.reason = True, signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _signals_stop(stop: StopRequest, loop=None):
+    """Route SIGINT/SIGTERM to ``stop`` while training (main thread only).
+
+    SGLang puts its own SIGTERM handler on the engines' event loop (drain, then exit the
+    process without a checkpoint); it is taken off that loop first. The handler is a plain
+    Python one, not a loop one: the engines' loop is uvloop, which only dispatches loop
+    signal handlers while it runs, and training happens between its runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    if loop is not None:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+    old = {sig: signal.signal(sig, stop) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig in sigs:
+            signal.signal(sig, old[sig])
 
 
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
@@ -83,15 +116,22 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))
     session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log)
+    stop = StopRequest()
+    progress = None
     try:
         if session.is_main:
             _write_run_files(session)
-        progress = None if quiet or not session.is_main else _progress_line(cfg.run.steps)
-        history = loop.train(session, callbacks, progress)
+        progress = None if quiet or not session.is_main else Progress(cfg.run.steps, session.state.step)
+        session.on_phase = progress.phase if progress is not None else None
+        with _signals_stop(stop, session.actor.loop if session.actor is not None else None):
+            history = loop.train(session, callbacks, progress, stop)
     finally:
+        if progress is not None:
+            progress.close()
         session.close()
     all_steps = read(session.out_dir / "metrics.jsonl") if session.is_main else history
-    return Summary(session.out_dir, session.state.step, all_steps or history, time.perf_counter() - started)
+    return Summary(session.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
+                   stop.reason)
 
 
 def _write_run_files(session) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from colocate.config import Config
 from colocate.errors import ConfigError
+from colocate.guards import check_world_size
 from colocate.rollout_phase import RewardFn
 from colocate.session import RunState, Session, resolve_model, tokenize_prompts
 from colocate.timesharing import TimeSharing
@@ -29,7 +30,7 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
     actor = SglangEngine(
         EngineConfig(actor_path, role="actor", device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
                      max_total_tokens=e.actor_max_total_tokens, mem_fraction_static=e.mem_fraction_static,
-                     log_level=e.log_level),
+                     log_level=e.log_level, trust_remote_code=cfg.models.trust_remote_code),
         field="models.actor")
     reward = None
     own_feeder = cfg.overlap.streamed and cfg.overlap.feeder == "process"
@@ -38,7 +39,8 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
             reward = SglangEngine(
                 EngineConfig(reward_path, role="reward", device=e.device, dtype=cfg.models.dtype,
                              seed=cfg.run.seed, max_total_tokens=e.reward_max_total_tokens,
-                             mem_fraction_static=e.mem_fraction_static, log_level=e.log_level),
+                             mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
+                             trust_remote_code=cfg.models.trust_remote_code),
                 field="models.reward")
         except BaseException:
             actor.shutdown()
@@ -58,7 +60,7 @@ def _trainer(cfg: Config, actor_path: str, critic_path: str, dist):
         whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
-        temperature=cfg.rollout.temperature or 1.0), dist)
+        temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code), dist)
 
 
 def _data(cfg: Config, tokenizer):
@@ -88,6 +90,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
           log: Callable[[str], None] = print) -> Session:
     from transformers import AutoTokenizer
 
+    from engine.runtime import check_remote_code
     from trainer.distributed import init_distributed
     from trainer.kl_control import make_kl_controller
 
@@ -103,8 +106,13 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     use_rm = cfg.reward.kind == "model"
     reward_path = resolve_model(cfg.models.reward, "models.reward") if use_rm else None
     critic_path = resolve_model(cfg.models.critic, "models.critic") if cfg.models.critic else actor_path
+    trusted = cfg.models.trust_remote_code
+    for path, field in ((actor_path, "models.actor"), (reward_path, "models.reward"), (critic_path, "models.critic")):
+        if path is not None:
+            check_remote_code(path, field, trusted)
+    check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
     fns = _reward_fns(cfg, reward_fns)
-    tokenizer = AutoTokenizer.from_pretrained(actor_path)
+    tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts = _data(cfg, tokenizer)
     actor = reward = overlap = None
     if dist.rank == 0:

@@ -27,6 +27,7 @@ class ModelsConfig:
     reward: str = "sentiment-rm"  # a causal seq-cls folder, or "sentiment-rm" (built by prepare)
     critic: str | None = None  # backbone of the critic; None: the actor's
     dtype: str = "float32"
+    trust_remote_code: bool = False  # run code a model folder ships (auto_map); off unless asked
 
 
 @dataclasses.dataclass(frozen=True)

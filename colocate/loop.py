@@ -9,11 +9,14 @@ ranks; every rank trains its FSDP shard.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from typing import Any, Callable, Sequence
 
 from colocate import metrics as mlog
+from colocate.errors import ColocateError
+from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
 from colocate.rollout_phase import run_sequential, sampling_params
 from colocate.session import Session
@@ -74,8 +77,13 @@ def step(s: Session) -> dict[str, Any]:
     from trainer.distributed import broadcast_object
 
     timer, t_step = PhaseTimer(), time.perf_counter()
+    s.begin_step()
     data = broadcast_object(rollout(s), s.dist)
     timer.seconds.update(data.seconds)
+    check_weight_versions(data.versions, s.state.weight_version, carries_partials=s.cfg.overlap.deferral)
+    s.set_phase("train")
+    if not all(math.isfinite(v) for v in data.scores):
+        return _skipped(s, data, t_step, "non-finite reward from the reward model/functions")
     pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0
     batch = make_batch(data.prompts, data.responses, pad, data.scores, data.logprobs, data.versions)
     with timer("sleep_wake"):
@@ -92,15 +100,25 @@ def step(s: Session) -> dict[str, Any]:
         critic_stats = s.trainer.train_critic(batch, values, returns)
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version)
-    sync_s = s.timesharing.wake_and_sync(s.sync_weights)
-    timer.seconds["sync"] = sync_s
     mask = batch.response_mask.float()
     mean_kl = float((kl * mask).sum(-1).mean())
     s.kl_ctl.update(mean_kl, len(data.scores))
     if s.overlap is not None:
         s.overlap.observe_reward(statistics.fmean(data.scores))
     s.state.step += 1
+    s.set_phase("sync")
+    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.sync_weights)
+    s.set_phase("idle")
     return _record(s, data, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+
+
+def _skipped(s: Session, data: RolloutData, t_step: float, reason: str) -> dict[str, Any]:
+    """A step whose update is skipped: nothing trained, the weights stay as they were."""
+    s.log(f"step {s.state.step + 1}: update skipped: {reason}")
+    s.state.step += 1
+    s.set_phase("idle")
+    return {"step": s.state.step, "skipped": reason, "trained_samples": 0,
+            "step_s": time.perf_counter() - t_step, "weight_version": s.state.weight_version}
 
 
 def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
@@ -118,6 +136,7 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
         "step_s": step_s,
         "response_tokens_per_s": n_tokens / step_s,
         "trained_samples_per_s": len(data.scores) / step_s,
+        "mem/rss_mb": mlog.rss_mb(),
         **{f"time/{k}": v for k, v in timer.seconds.items()},
         **{f"overlap/{k}": v for k, v in data.stats.items()},
         **{f"actor/{k}": v for k, v in actor_stats.items()},
@@ -126,13 +145,28 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
     return rec
 
 
-def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None) -> list[dict[str, Any]]:
-    """Run steps until ``run.steps``; log every step, checkpoint every ``run.save_every``."""
+def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
+          stop=None) -> list[dict[str, Any]]:
+    """Run steps until ``run.steps`` (or ``stop.requested``, checked at each step boundary);
+    log every step, checkpoint every ``run.save_every``, at the end, on a stop request,
+    and after a failure that left the trainer intact."""
     log = mlog.MetricsLog(s.out_dir, enabled=s.is_main)
     history = []
+    saved_at = None
     try:
         while s.state.step < s.cfg.run.steps:
-            rec = step(s)
+            if stop is not None and stop.requested:
+                s.log(f"stop requested ({stop.reason}): checkpointing step {s.state.step}")
+                if saved_at != s.state.step:
+                    s.save_checkpoint()
+                break
+            try:
+                rec = step(s)
+            except ColocateError:
+                path = s.save_after_failure()
+                if path is not None:
+                    s.log(f"checkpoint of the last completed step written to {path}")
+                raise
             history.append(rec)
             log.write(rec)
             for cb in callbacks:
@@ -142,6 +176,7 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None) -> 
             last = s.state.step == s.cfg.run.steps
             if s.cfg.run.save_every > 0 and (s.state.step % s.cfg.run.save_every == 0 or last):
                 s.save_checkpoint()
+                saved_at = s.state.step
     finally:
         log.close()
     return history

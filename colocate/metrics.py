@@ -61,6 +61,21 @@ class MetricsLog:
             self._tb.close()
 
 
+def rss_mb() -> float:
+    """Resident memory of this process and all its children (the engines' schedulers and
+    detokenizers, a feeder process), in MiB: the soak signal for leaks."""
+    import psutil
+
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
 def read(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():

@@ -28,6 +28,7 @@ from engine.reward_feeder import RewardFeeder
 from engine.rollout import Sample
 from engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
+from engine.runtime import run_guarded
 from engine.streamed import FeederLostError, ScoreClient
 
 
@@ -75,6 +76,8 @@ class Overlap:
         if self.cfg.overlap.feeder == "process":
             cmd = [sys.executable, "-m", "engine.reward_feeder", "--model", reward_path,
                    "--chunks", chunks, "--results", results]
+            if self.cfg.models.trust_remote_code:
+                cmd.append("--trust-remote-code")
             self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
             log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
             self._wait_first_heartbeat()
@@ -135,7 +138,7 @@ class Overlap:
             self.client.last_heard = time.monotonic()  # the loop slept while training
         self.check_feeder()
         started = time.perf_counter()
-        res = self.actor.loop.run_until_complete(oppo.run_step(
+        res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
             self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
             client=self.client, chunk=chunk,
             cut_after=need if self.cfg.overlap.deferral else None))

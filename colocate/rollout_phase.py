@@ -103,10 +103,13 @@ def run_sequential(
 
     samples = [Sample(i, list(p.ids), p.budget or max_new_tokens) for i, p in enumerate(prompts)]
     tag = f"st{step:07d}"
+    from engine.runtime import run_guarded
+
+    engines = [actor, reward_engine]
     t0 = time.perf_counter()
-    actor.loop.run_until_complete(rollout.generate(actor, samples, sampling, tag))
+    run_guarded(engines, rollout.generate(actor, samples, sampling, tag))
     t1 = time.perf_counter()
-    scores = actor.loop.run_until_complete(score_samples(
+    scores = run_guarded(engines, score_samples(
         samples, prompts, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm"))
     t2 = time.perf_counter()
     return RolloutOutput(samples, scores, {"generate": t1 - t0, "reward_tail": t2 - t1})

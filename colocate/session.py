@@ -8,6 +8,7 @@ into the engine. Leaves out: the step itself (``colocate.loop``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from pathlib import Path
@@ -77,6 +78,34 @@ class Session:
     out_dir: Path
     log: Callable[[str], None]
     overlap: Any = None  # colocate.overlap_phase.Overlap on rank 0 in the overlapped modes
+    phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
+    _snapshot: dict[str, Any] | None = None
+    on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
+
+    def begin_step(self) -> None:
+        """Remember the plain-Python state of the last completed step (cheap), so a failure
+        during the rollout can still checkpoint exactly that step."""
+        self._snapshot = {
+            "run": copy.deepcopy(dataclasses.asdict(self.state)) | {"kl": self.kl_ctl.state_dict()},
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+            "overlap": self.overlap.state_dict() if self.overlap is not None else None,
+        }
+        self.set_phase("rollout")
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
+    def save_after_failure(self) -> Path | None:
+        """Checkpoint the last completed step after a failure. During the rollout the
+        trainer has not moved yet: save it with the step's starting snapshot (the deferred
+        buffer as it was). Later (training done), save the current state as one more step."""
+        if self.phase == "rollout" and self._snapshot is not None:
+            return self._save(self._snapshot)
+        if self.phase == "sync":
+            return self.save_checkpoint()
+        return None
 
     @property
     def is_main(self) -> bool:
@@ -103,18 +132,22 @@ class Session:
         return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
 
     def save_checkpoint(self) -> Path | None:
-        trainer_state = self.trainer.state_dict()
-        if not self.is_main:
-            return None
         self.state.kl = self.kl_ctl.state_dict()
-        parts = {
-            "trainer": trainer_state,
+        return self._save({
             "run": dataclasses.asdict(self.state),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-        }
-        if self.overlap is not None:  # the deferred buffer: no partial rollout is lost
-            parts["overlap"] = self.overlap.state_dict()
-        return checkpoint.save(self.out_dir / "checkpoints", self.state.step, parts,
+            # the deferred buffer: no partial rollout is lost or duplicated
+            "overlap": self.overlap.state_dict() if self.overlap is not None else None,
+        })
+
+    def _save(self, plain: dict[str, Any]) -> Path | None:
+        trainer_state = self.trainer.state_dict()  # collective: every rank takes part
+        if not self.is_main:
+            return None
+        parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"]}
+        if plain["overlap"] is not None:
+            parts["overlap"] = plain["overlap"]
+        return checkpoint.save(self.out_dir / "checkpoints", plain["run"]["step"], parts,
                                keep=self.cfg.run.keep_checkpoints)
 
     def restore(self, path: Path) -> None:

@@ -98,10 +98,12 @@ def main() -> None:
     ap.add_argument("--chunks", required=True, help="endpoint to bind for token chunks")
     ap.add_argument("--results", required=True, help="endpoint to connect for score results")
     ap.add_argument("--max-total-tokens", type=int, default=65536)
+    ap.add_argument("--trust-remote-code", action="store_true", help="run code the model folder ships")
     args = ap.parse_args()
     from engine.runtime import EngineConfig, SglangEngine
 
-    engine = SglangEngine(EngineConfig(args.model, role="reward", max_total_tokens=args.max_total_tokens),
+    engine = SglangEngine(EngineConfig(args.model, role="reward", max_total_tokens=args.max_total_tokens,
+                                       trust_remote_code=args.trust_remote_code),
                           field="--model")
     try:
         feeder = RewardFeeder(engine, args.chunks, args.results)

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Literal
+from typing import Any, AsyncIterator, Iterable, Literal, Sequence
 
 import psutil
 
@@ -64,6 +64,7 @@ class EngineConfig:
     # process-wide and never unregisters them, so at most one engine per process lifetime
     # may turn them on (e.g. a diagnostic reward engine); off by default.
     enable_metrics: bool = False
+    trust_remote_code: bool = False  # run code shipped in the model folder (auto_map)
 
     @property
     def label(self) -> str:
@@ -83,9 +84,22 @@ def read_architecture(model_path: str, field: str) -> str:
     return archs[0]
 
 
+def check_remote_code(model_path: str, field: str, trusted: bool) -> None:
+    """A model folder whose config maps its classes to code it ships (``auto_map``) runs
+    that code when loaded: refuse it unless ``models.trust_remote_code`` says so."""
+    cfg_file = Path(model_path).expanduser() / "config.json"
+    if trusted or not cfg_file.is_file():
+        return
+    if json.loads(cfg_file.read_text()).get("auto_map"):
+        raise EngineStartError(
+            f"{field}: '{model_path}' ships its own model code (auto_map in config.json), which "
+            "colocate does not run by default; set models.trust_remote_code=true if you trust it")
+
+
 def check_model(cfg: EngineConfig, field: str) -> str:
     """Validate the model folder for ``cfg.role`` before starting SGLang."""
     arch = read_architecture(cfg.model_path, field)
+    check_remote_code(cfg.model_path, field, cfg.trust_remote_code)
     if cfg.role == "actor" and not arch.endswith("ForCausalLM"):
         raise EngineStartError(
             f"{field}: '{cfg.model_path}' is a {arch or 'model without architectures'}; "
@@ -112,6 +126,7 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         context_length=cfg.context_length,
         max_running_requests=cfg.max_running_requests,
         enable_metrics=cfg.enable_metrics,
+        trust_remote_code=cfg.trust_remote_code,
     )
     if cfg.max_total_tokens is not None:
         kw["max_total_tokens"] = cfg.max_total_tokens
@@ -163,8 +178,21 @@ class SglangEngine:
         self.start_seconds = time.perf_counter() - started
         self._model_name = _server_kwargs(cfg, platform.device)["model_path"]
         self._child_pids = list(self._engine.get_all_child_pids())
+        # SGLang's own watchdog SIGQUITs this whole process when a child dies; colocate
+        # watches its engines itself (run_guarded) to stop with a clear error instead.
+        watchdog = getattr(self._engine.tokenizer_manager, "_subprocess_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+        # SGLang adds its SIGTERM/SIGQUIT handlers to the event loop on the first request;
+        # do it now, so a handler the application installs afterwards is not replaced. It
+        # must run inside the engine's loop: outside one, SGLang makes a new loop of its own
+        # and the tokenizer manager's receive task would never run.
+        self.loop.run_until_complete(self._start_handle_loop())
         self.weight_version = 0
         self.closed = False
+
+    async def _start_handle_loop(self) -> None:
+        self._engine.tokenizer_manager.auto_create_handle_loop()
 
     # ---- properties -------------------------------------------------------------
     @property
@@ -191,7 +219,8 @@ class SglangEngine:
 
     def check_alive(self) -> None:
         if not self.alive():
-            raise EngineDiedError(f"the {self.cfg.label} died (its scheduler process is gone)")
+            raise EngineDiedError(f"the {self.cfg.label} died (its scheduler process is gone); "
+                                  "resume from the last checkpoint with --resume")
 
     # ---- requests (async, on self.loop) ---------------------------------------------
     def generate_stream(
@@ -286,3 +315,29 @@ class SglangEngine:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(procs, timeout=30)
+
+
+async def _watch(engines: Sequence[SglangEngine], interval_s: float) -> None:
+    while True:
+        for eng in engines:
+            eng.check_alive()
+        await asyncio.sleep(interval_s)
+
+
+def run_guarded(engines: Sequence[SglangEngine | None], coro, interval_s: float = 0.5):
+    """Run ``coro`` on the engines' loop; raise :class:`EngineDiedError` as soon as one of
+    ``engines`` loses its scheduler process instead of waiting forever on its stream."""
+    live = [e for e in engines if e is not None]
+    loop = live[0].loop
+
+    async def guarded():
+        main = asyncio.ensure_future(coro)
+        watch = asyncio.ensure_future(_watch(live, interval_s))
+        done, _ = await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+        watch.cancel()
+        if main in done:
+            return main.result()
+        main.cancel()
+        return watch.result()  # raises EngineDiedError
+
+    return loop.run_until_complete(guarded())

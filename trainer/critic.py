@@ -45,7 +45,8 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, seed: int = 0
+        cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, seed: int = 0,
+        trust_remote_code: bool = False,
     ) -> ValueModel:
         """Backbone of the model in `path`; the head from `value_head.safetensors` if present, else new.
 
@@ -54,7 +55,7 @@ class ValueModel(nn.Module):
         """
         from transformers import AutoModel
 
-        backbone = AutoModel.from_pretrained(path, dtype=dtype)
+        backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
         head_file = Path(path) / VALUE_HEAD_FILE
         head = None
         if head_file.exists():

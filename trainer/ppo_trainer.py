@@ -72,6 +72,7 @@ class TrainerSettings:
     max_staleness: int | None = None  # train only on tokens at most this many versions old
     temperature: float = 1.0  # sampling temperature the behaviour logprobs were taken at
     micro_batch: int = 8  # rows per forward pass (bounds activation memory)
+    trust_remote_code: bool = False  # let transformers run code the model folders ship
 
     def __post_init__(self) -> None:
         checks = {
@@ -110,12 +111,14 @@ class PPOTrainer:
         compute = settings.torch_dtype
 
         def load_actor() -> nn.Module:
-            model = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32,
+                                                         trust_remote_code=settings.trust_remote_code)
             return shard_model(model.eval(), self.dist, compute)
 
         self.actor = load_actor()
         self.ref = load_actor().requires_grad_(False)
-        critic = ValueModel.from_pretrained(settings.critic_source, dtype=torch.float32, seed=settings.seed)
+        critic = ValueModel.from_pretrained(settings.critic_source, dtype=torch.float32, seed=settings.seed,
+                                           trust_remote_code=settings.trust_remote_code)
         self.critic = shard_model(critic.eval(), self.dist, compute)
         self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
         self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)

@@ -69,4 +69,6 @@ def test_two_plus_resume_plus_two_equals_four(models, tmp_path):
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4]
     for a, b in zip(straight.history, resumed.history):
         for key in ("reward_mean", "kl", "actor/policy_loss", "critic/value_loss", "response_len"):
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
+            # float32 sums over a save/load agree to ~1e-6 absolute; a lost optimizer state,
+            # RNG or data position moves these by orders of magnitude more
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], key)

@@ -1,0 +1,1 @@
+"""Peer systems the benchmark compares colocate against, each run in its own subprocess."""

@@ -1,0 +1,125 @@
+"""Faults on real engines: a dead scheduler, SIGTERM, non-finite rewards — nothing lost."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from colocate import api, builder, checkpoint
+from colocate import loop as ppo_loop
+from colocate.config import load_config
+from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+from engine.runtime import EngineDiedError
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rel")
+    return (str(build_tiny_causal_lm(root / "actor", seed=7)),
+            str(build_tiny_reward_model(root / "rm", seed=8)))
+
+
+def overrides(models, out_dir, *extra):
+    actor, rm = models
+    return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
+            "rollout.batch_size=4", "rollout.max_new_tokens=48", "ppo.minibatches=2",
+            "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
+            "engines.reward_max_total_tokens=8192", "run.save_every=1", *extra]
+
+
+def _scheduler_pid(engine) -> int:
+    for pid in engine.child_pids:
+        if "scheduler" in " ".join(psutil.Process(pid).cmdline()) + psutil.Process(pid).name():
+            return pid
+    return engine.child_pids[0]
+
+
+def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(overrides=overrides(models, out, "run.steps=4", "overlap.mode=oppo",
+                                          "overlap.delta_init=2", "overlap.delta_adaptive=false",
+                                          "rollout.ignore_eos=true", "rollout.max_new_tokens=400",
+                                          "rollout.length_dist=lognormal", "rollout.length_median=60"))
+    session = builder.build(cfg, log=lambda m: None)
+    victim = _scheduler_pid(session.actor)
+
+    def kill_during_step_3(rec):
+        if rec["step"] != 2:
+            return
+
+        def killer():
+            while session.phase != "rollout":
+                time.sleep(0.005)
+            time.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    try:
+        with pytest.raises(EngineDiedError, match=r"the actor engine .* died") as e:
+            ppo_loop.train(session, callbacks=[kill_during_step_3])
+        assert "\n" not in str(e.value)
+    finally:
+        session.close()
+    latest = checkpoint.latest(out)
+    step, parts = checkpoint.load(latest)
+    assert step == 2
+    deferred_before = parts["overlap"]["scheduler"]
+    resumed = api.train(load_config(overrides=overrides(
+        models, out, "run.steps=4", "overlap.mode=oppo", "overlap.delta_init=2", "overlap.delta_adaptive=false",
+        "rollout.ignore_eos=true", "rollout.max_new_tokens=400", "rollout.length_dist=lognormal",
+        "rollout.length_median=60")), resume=str(out), quiet=True)
+    assert [h["step"] for h in resumed.history] == [1, 2, 3, 4]
+    assert all(h["trained_samples"] == 4 for h in resumed.history)
+    # the deferred samples of step 2 came back (resumed) instead of being lost or duplicated
+    step3 = resumed.history[2]
+    assert step3["overlap/resumed"] + (1 if deferred_before else 0) >= 1
+    _, final = checkpoint.load(checkpoint.latest(out))
+    assert final["overlap"]["scheduler"]["next_index"] > deferred_before["next_index"]
+
+
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, tmp_path):
+    out = tmp_path / "sig"
+    args = [sys.executable, "-m", "colocate.cli", "train"]
+    for o in overrides(models, out, "run.steps=50", "run.save_every=100"):
+        args += ["--set", o]
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if re.search(r"step\s+\d+/50", line):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    text = "".join(seen) + rest
+    assert proc.returncode == 0, text[-2000:]
+    assert "stopped by SIGTERM" in text
+    step, _ = checkpoint.load(checkpoint.latest(out))
+    assert 1 <= step < 50
+
+
+def test_non_finite_reward_skips_the_update(models, tmp_path):
+    cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2"))
+    calls = []
+
+    def sometimes_nan(record, text):
+        calls.append(1)
+        return float("nan") if len(calls) <= 4 else 0.0  # the whole first batch is poisoned
+
+    summary = api.train(cfg, reward_fns=[sometimes_nan], quiet=True)
+    first, second = summary.history
+    assert first["skipped"].startswith("non-finite reward") and first["trained_samples"] == 0
+    assert first["weight_version"] == 0  # nothing was trained or synced
+    assert second["trained_samples"] == 4 and second["weight_version"] == 1

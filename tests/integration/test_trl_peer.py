@@ -1,0 +1,52 @@
+"""The TRL PPO peer of the bench (`bench.peers.trl_ppo`), run as the bench runs it: its CLI in a subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "bench.peers.trl_ppo"
+
+
+def _cli(*args: str, prelude: str = "") -> list[str]:
+    """The peer's CLI; `prelude` runs first in the child (e.g. to hide trl)."""
+    run = f"{prelude}import runpy, sys; sys.argv = ['{MODULE}', *sys.argv[1:]]; runpy.run_module('{MODULE}', run_name='__main__')"
+    return [sys.executable, "-c", run, *args]
+
+
+@pytest.mark.slow
+def test_two_updates_on_tiny_models(tmp_path, tiny_actor_path, tiny_rm_path):
+    pytest.importorskip("trl", reason="the TRL peer needs trl==1.12.0: pip install 'colocate[bench]'")
+    if importlib.util.find_spec("trl.experimental.ppo") is None:
+        pytest.skip("this trl has no classic PPO (removed in 1.13): pip install 'colocate[bench]'")
+    out = tmp_path / "trl"
+    cmd = [sys.executable, "-m", MODULE, "--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "4",
+           "--new-tokens", "8", "--updates", "2", "--threads", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "trl_result.json").read_text())
+    assert result["updates"] == 2
+    assert len(result["update_seconds"]) == 2 and all(s > 0 for s in result["update_seconds"])
+    assert result["trained_samples_per_s"] > 0 and result["response_tokens_per_s"] > 0
+    assert len(result["reward_mean_per_update"]) == 2
+    assert all(isinstance(r, float) for r in result["reward_mean_per_update"])
+    assert all(0 < n <= 4 * 8 for n in result["response_tokens"])
+    for i, seconds in enumerate(result["update_seconds"]):  # the phases of an update add up to it
+        assert sum(p[i] for p in result["phase_seconds"].values()) == pytest.approx(seconds, rel=1e-6)
+    assert result["trl_version"] == "1.12.0" and result["settings"]["pad_token"] != "<|im_end|>"
+
+
+def test_missing_trl_is_one_line_with_the_install_hint(tmp_path, tiny_actor_path, tiny_rm_path):
+    cmd = _cli("--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "4", "--updates", "1",
+               "--out", str(tmp_path), prelude="import sys; sys.modules['trl'] = None; ")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'colocate[bench]'" in lines[0], proc.stderr
+    assert not (tmp_path / "trl_result.json").exists()

@@ -1,0 +1,57 @@
+"""Checkpoints are atomic and verified: a writer killed mid-write never damages the last one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from colocate import checkpoint
+from colocate.checkpoint import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_save_load_roundtrip_and_prune(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, step, {"w": torch.full((3,), float(step)), "meta": {"s": step}}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000002", "step_00000003"]
+    step, parts = checkpoint.load(checkpoint.latest(tmp_path))
+    assert step == 3 and torch.equal(parts["w"], torch.full((3,), 3.0)) and parts["meta"] == {"s": 3}
+
+
+def test_corrupt_file_is_refused_with_one_line(tmp_path):
+    path = checkpoint.save(tmp_path, 1, {"w": torch.zeros(4)})
+    (path / "w.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="fails its checksum") as e:
+        checkpoint.load(path)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_checkpoint_is_one_line(tmp_path):
+    with pytest.raises(CheckpointError, match="--resume: no checkpoint"):
+        checkpoint.latest(tmp_path)
+
+
+def test_writer_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
+    checkpoint.save(tmp_path, 1, {"w": torch.ones(8)})
+    code = ("import sys, torch; sys.path.insert(0, %r); from colocate import checkpoint; "
+            "checkpoint.save(__import__('pathlib').Path(%r), 2, "
+            "{f'p{i}': torch.randn(4_000_000) for i in range(40)})" % (str(ROOT), str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".tmp_step_00000002_*/p*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(tmp_path.glob(".tmp_step_00000002_*")), "the writer was killed before it started writing"
+    latest = checkpoint.latest(tmp_path)
+    assert latest.name == "step_00000001"
+    step, parts = checkpoint.load(latest)
+    assert step == 1 and torch.equal(parts["w"], torch.ones(8))

@@ -1,0 +1,71 @@
+"""Run-time guards: weight-version agreement and batch/world-size agreement."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocate.errors import ConfigError
+from colocate.guards import (WeightVersionMismatchError, check_weight_versions, check_world_size)
+
+
+def test_sequential_batch_must_be_all_current():
+    check_weight_versions([[3, 3], [3], []], 3, carries_partials=False)
+    with pytest.raises(WeightVersionMismatchError, match=r"sample 1 .* version 2 .* trainer is at version 3"):
+        check_weight_versions([[3, 3], [3, 2]], 3, carries_partials=False)
+
+
+def test_deferral_allows_older_tokens_never_newer():
+    check_weight_versions([[1, 1, 3], [3], [2, 2]], 3, carries_partials=True)
+    with pytest.raises(WeightVersionMismatchError, match="version 4"):
+        check_weight_versions([[3], [3, 4]], 3, carries_partials=True)
+
+
+def test_messages_are_one_line_and_say_what_to_do():
+    with pytest.raises(WeightVersionMismatchError) as e:
+        check_weight_versions([[0]], 5, carries_partials=False)
+    assert "\n" not in str(e.value) and "--resume" in str(e.value)
+
+
+@pytest.mark.parametrize("batch,minibatches,world,ok", [
+    (8, 2, 1, True), (8, 2, 2, True), (8, 2, 4, True), (8, 4, 2, True),
+    (1, 1, 2, False), (6, 2, 2, False), (8, 8, 2, False),
+])
+def test_world_size_split(batch, minibatches, world, ok):
+    if ok:
+        check_world_size(batch, minibatches, world)
+    else:
+        with pytest.raises(ConfigError, match="rollout.batch_size"):
+            check_world_size(batch, minibatches, world)
+
+
+def test_model_that_ships_code_needs_trust_remote_code(tmp_path):
+    import json
+
+    from engine.runtime import EngineStartError, check_remote_code
+
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["MyLM"], "auto_map": {"AutoModel": "m.MyLM"}}))
+    with pytest.raises(EngineStartError, match="models.actor: .* models.trust_remote_code=true") as e:
+        check_remote_code(str(folder), "models.actor", trusted=False)
+    assert "\n" not in str(e.value)
+    check_remote_code(str(folder), "models.actor", trusted=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    check_remote_code(str(folder), "models.actor", trusted=False)
+
+
+def test_cli_refuses_remote_code_model_in_one_line(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from colocate.cli import main
+    from colocate.models import build_tiny_causal_lm
+
+    folder = build_tiny_causal_lm(tmp_path / "actor", seed=1)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModelForCausalLM": "x.Y"}}))
+    result = CliRunner().invoke(main, ["train", "--set", f"models.actor={folder}", "--set", "reward.kind=rule",
+                                       "--set", "reward.rule=vader", "--set", f"run.out_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 2, result.output
+    assert "trust_remote_code" in result.output and len(result.output.strip().splitlines()) == 1
