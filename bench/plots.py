@@ -28,7 +28,7 @@ def gantt(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title
     colors = plt.get_cmap("tab20").colors
     shown = set()
     for y, mode in enumerate(modes):
-        rows = [r for r in records if r["mode"] == mode]
+        rows = [r for r in records if r["mode"] == mode and "skipped" not in r]
         if not rows:
             continue
         rec, t = _median_step(rows), 0.0
@@ -62,7 +62,7 @@ def reward_curve(records: list[dict[str, Any]], modes: Sequence[str], path: Path
     colors = plt.get_cmap("tab10").colors
     for i, mode in enumerate(modes):
         for rep in sorted({r["repeat"] for r in records if r["mode"] == mode}):
-            rows = [r for r in records if r["mode"] == mode and r["repeat"] == rep]
+            rows = [r for r in records if r["mode"] == mode and r["repeat"] == rep and "skipped" not in r]
             ax.plot([r["wall_s"] for r in rows], [r["reward_mean"] for r in rows], marker="o", ms=3,
                     color=colors[i % 10], alpha=0.8, label=mode if rep == 0 else None)
     ax.set_xlabel("wall-clock seconds since the mode's first measured step")

@@ -36,8 +36,11 @@ def _per_repeat(records, mode, key) -> dict[int, float]:
 
 
 def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Sequence[str]) -> dict[str, Any]:
-    """Per-mode spreads of the headline metrics and phase times; ratios vs sequential."""
+    """Per-mode spreads of the headline metrics and phase times; ratios vs sequential.
+    Steps whose update was skipped (non-finite reward) are counted, not averaged."""
     summary: dict[str, Any] = {}
+    skipped = [r for r in records if "skipped" in r]
+    records = [r for r in records if "skipped" not in r]
     base = _per_repeat(records, "sequential", "trained_samples_per_s")
     for mode in modes:
         rows = [r for r in records if r["mode"] == mode]
@@ -49,6 +52,7 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
         summary[mode] = {
             "trained_samples_per_s": spread([r["trained_samples_per_s"] for r in rows]),
             "response_tokens_per_s": spread([r["response_tokens_per_s"] for r in rows]),
+            "response_len": spread([r["response_len"] for r in rows]),
             "step_s": spread([r["step_s"] for r in rows]),
             "generate_s": spread([r.get("time/generate", 0.0) for r in rows]),
             "reward_tail_s": spread([r.get("time/reward_tail", 0.0) for r in rows]),
@@ -59,18 +63,28 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
             "reward_mean": spread([r["reward_mean"] for r in rows]),
             "vs_sequential": spread(ratios),
             "bound_efficiency": spread([step_bound(r, probe) / r["step_s"] for r in rows]) if probe else spread([]),
+            "skipped_steps": sum(1 for r in skipped if r["mode"] == mode),
         }
     return summary
 
 
 def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str = "oppo") -> dict[str, float] | None:
-    """oppo samples/s over TRL's, spread over oppo's steps against TRL's median."""
+    """oppo over TRL, spread over oppo's steps against TRL's median: trained samples/s, and
+    response tokens/s (fair also where the two runs' response lengths differ)."""
     if not peer or mode not in summary or not peer.get("update_seconds"):
         return None
     trl = statistics.median(peer["batch_size"] / s for s in peer["update_seconds"])
     s = summary[mode]["trained_samples_per_s"]
-    return {"median": s["median"] / trl, "min": s["min"] / trl, "max": s["max"] / trl, "n": s["n"],
-            "trl_samples_per_s": trl}
+    out = {"median": s["median"] / trl, "min": s["min"] / trl, "max": s["max"] / trl, "n": s["n"],
+           "trl_samples_per_s": trl, "trl_new_tokens": peer.get("new_tokens"),
+           "trl_response_len": statistics.fmean(peer["response_tokens"]) / peer["batch_size"]
+           if peer.get("response_tokens") else float("nan")}
+    trl_tok = peer.get("response_tokens_per_s")
+    if trl_tok:
+        t = summary[mode]["response_tokens_per_s"]
+        out["tokens"] = {"median": t["median"] / trl_tok, "min": t["min"] / trl_tok, "max": t["max"] / trl_tok,
+                         "trl_tokens_per_s": trl_tok}
+    return out
 
 
 def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] | None,
@@ -87,9 +101,15 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
             f"{_fmt(s['engine_busy'])} | {_fmt(s['deferred'], 1)} | {_fmt(s['reward_mean'], 3)} | "
             f"{_fmt(s['bound_efficiency'])} |")
     if peer_info:
-        lines += ["", f"TRL PPO (trl {peer_info.get('trl_version', '?')}, same models/batch): "
+        lines += ["", f"TRL PPO (trl {peer_info.get('trl_version', '?')}, same models/batch, responses of "
+                  f"{peer_info['trl_response_len']:.0f} tokens on average vs oppo's "
+                  f"{summary['oppo']['response_len']['median']:.0f}): "
                   f"{peer_info['trl_samples_per_s']:.3f} trained samples/s; oppo / TRL = "
-                  f"{peer_info['median']:.2f}x [{peer_info['min']:.2f}–{peer_info['max']:.2f}]"]
+                  f"{peer_info['median']:.2f}x [{peer_info['min']:.2f}–{peer_info['max']:.2f}] in samples/s"]
+        if "tokens" in peer_info:
+            t = peer_info["tokens"]
+            lines[-1] += f", {t['median']:.2f}x [{t['min']:.2f}–{t['max']:.2f}] in response tokens/s"
+
     if probe:
         lines += ["", f"engine probe: decode {probe['decode_tokens_per_s']:.0f} tok/s at batch "
                   f"{probe['probe_batch']}, RM prefill {probe.get('prefill_tokens_per_s', float('nan')):.0f} tok/s"]

@@ -38,7 +38,9 @@ def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, An
     if session.reward_engine is not None:
         session.reward_engine.flush_cache()
     if cfg.overlap.mode != "sequential":
-        session.overlap = Overlap(cfg, session.actor, session.reward_engine, None, session.log)
+        session.overlap = Overlap(cfg, session.actor, session.reward_engine, None, session.log,
+                                  reward_fns=session.reward_fns,
+                                  decode=lambda ids: session.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,

@@ -58,12 +58,27 @@ def _config(preset: Preset, opts: BenchOptions, workload: str, actor: str, rm: s
         f"overlap.delta_max={max(opts.delta, 1)}", *workload_overrides(preset, workload)])
 
 
-def run_peer(actor: str, rm: str, preset: Preset, out: Path, log) -> dict[str, Any] | None:
+def peer_shape(preset: Preset, workload: str) -> tuple[int, bool]:
+    """(max new tokens, stop at EOS) of the TRL run matching ``workload``: TRL has one
+    response length per batch, so ``short`` runs at its short fixed length, ``task`` stops
+    at EOS like colocate, and the long-tail workloads run to the cap (TRL generates the
+    batch until its longest response ends; the report compares tokens/s too)."""
+    if workload == "short":
+        return preset.short_tokens(), False
+    return preset.max_new_tokens, workload == "task"
+
+
+def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
+             stop_at_eos: bool = False) -> dict[str, Any] | None:
     """TRL's PPO on the same models and batch, in a subprocess; None if unavailable."""
+    new_tokens = new_tokens or preset.max_new_tokens
     cmd = [sys.executable, "-m", "bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
-           "--batch", str(preset.batch_size), "--new-tokens", str(preset.max_new_tokens),
+           "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
            "--updates", str(preset.peer_updates), "--out", str(out)]
-    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {preset.max_new_tokens} tokens")
+    if stop_at_eos:
+        cmd.append("--stop-at-eos")
+    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens"
+        + (" (stop at EOS)" if stop_at_eos else ""))
     proc = subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True)
     result = out / "trl_result.json"
     if proc.returncode != 0 or not result.is_file():
@@ -72,6 +87,7 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log) -> dict[str, A
         return None
     data = json.loads(result.read_text())
     data["batch_size"] = preset.batch_size
+    data["new_tokens"], data["stop_at_eos"] = new_tokens, stop_at_eos
     return data
 
 
@@ -86,8 +102,15 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
                 f"models: actor `{actor}`, reward `{rm}`; batch {preset.batch_size}; "
                 f"{preset.repeats} repeats × {preset.steps} measured steps per mode (after 1 warm-up), "
                 f"modes interleaved in rotated order; chunk {opts.chunk_size}, Δ {opts.delta}.", ""]
-    peer = run_peer(actor, rm, preset, out / "trl", log) if opts.peer and preset.peer_updates else None
+    peers: dict[tuple[int, bool], dict[str, Any] | None] = {}
     for workload in preset.workloads:
+        peer = None
+        if opts.peer and preset.peer_updates:
+            shape = peer_shape(preset, workload)
+            if shape not in peers:
+                peers[shape] = run_peer(actor, rm, preset, out / f"trl-{shape[0]}{'-eos' if shape[1] else ''}",
+                                        log, new_tokens=shape[0], stop_at_eos=shape[1])
+            peer = peers[shape]
         log(f"workload {workload}")
         cfg = _config(preset, opts, workload, actor, rm, out)
         data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe)
@@ -100,7 +123,7 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
         results["workloads"][workload] = {**data, "summary": summary, "peer": peer_info}
         sections += [report.markdown(workload, summary, peer_info, data["probe"]), "",
                      f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", ""]
-    results["peer_raw"] = peer
+    results["peer_raw"] = {f"{n}{'-eos' if eos else ''}": p for (n, eos), p in peers.items()}
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "report.md").write_text("\n".join(sections))
     return out

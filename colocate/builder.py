@@ -128,7 +128,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if dist.rank == 0 and cfg.overlap.mode != "sequential":
             from colocate.overlap_phase import Overlap
 
-            overlap = Overlap(cfg, actor, reward, reward_path, log)
+            overlap = Overlap(cfg, actor, reward, reward_path, log, reward_fns=fns,
+                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap)
         if resume is not None:

@@ -267,13 +267,17 @@ def validate(cfg: Config) -> None:
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
-        (cfg.overlap.mode == "sequential" or cfg.reward.kind == "model",
-         f"overlap.mode={cfg.overlap.mode} scores on the reward engine as samples finish; "
-         "set reward.kind=model or overlap.mode=sequential"),
+        (not cfg.overlap.streamed or cfg.reward.kind == "model",
+         f"overlap.mode={cfg.overlap.mode} streams tokens to the reward model as they are generated; "
+         "with reward.kind=rule use overlap.mode=inter (or sequential)"),
         (cfg.overlap.chunk_size >= 0 and all(c > 0 for c in _safe_candidates(cfg.overlap.chunk_candidates)),
          "overlap.chunk_size must be >= 0 and overlap.chunk_candidates positive integers like 16,32,64"),
         (0 <= cfg.overlap.delta_min <= cfg.overlap.delta_init <= cfg.overlap.delta_max,
          "overlap: need 0 <= delta_min <= delta_init <= delta_max"),
+        (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
+         "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
+        (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
+        (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
     ]
     for ok, message in checks:
         if not ok:

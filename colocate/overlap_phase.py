@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colocate.config import Config
-from colocate.rollout_phase import Prompt
+from colocate.rollout_phase import Prompt, RewardFn, call_reward_fn
 from engine import oppo
 from engine.reward_feeder import RewardFeeder
 from engine.rollout import Sample
@@ -52,8 +52,11 @@ def _scheduler_config(cfg: Config) -> SchedulerConfig:
 class Overlap:
     """Scheduler + tuner + feeder for one run (rank 0)."""
 
-    def __init__(self, cfg: Config, actor, reward_engine, reward_path: str | None, log=print):
+    def __init__(self, cfg: Config, actor, reward_engine, reward_path: str | None, log=print, *,
+                 reward_fns: Sequence[RewardFn] = (), decode=None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
+        self.reward_fns, self.decode = list(reward_fns), decode
+        self.records: dict[int, dict[str, Any]] = {}  # prompt record of every live sample (rule rewards)
         o = cfg.overlap
         self.scheduler = LengthAwareScheduler(_scheduler_config(cfg))
         fixed = o.chunk_size or o.candidates[0]
@@ -127,11 +130,13 @@ class Overlap:
         def make_sample(index: int) -> Sample:
             p = next_prompt()
             prompts[index] = p
+            self.records[index] = dict(p.record)
             return Sample(index, list(p.ids), p.budget or self.cfg.rollout.max_new_tokens)
 
         plan = self.scheduler.plan(make_sample, version)
         for s in plan.dropped:
             self.ready_scores.pop(s.index, None)
+            self.records.pop(s.index, None)
         chunk = self.tuner.chunk_for_step(step)
         need = max(0, B - len(plan.ready))
         if self.client is not None:
@@ -141,26 +146,37 @@ class Overlap:
         res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
             self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
             client=self.client, chunk=chunk,
-            cut_after=need if self.cfg.overlap.deferral else None))
+            cut_after=need if self.cfg.overlap.deferral else None,
+            extra_score=self._rule_score if self.reward_fns else None))
         self.tuner.record(step, chunk, time.perf_counter() - started)
         self.ready_scores.update(res.scores)
         ended = res.completed + res.unfinished
         train, _ = self.scheduler.select(ended)
         scores = [self.ready_scores.pop(s.index) for s in train]
+        for s in train:
+            self.records.pop(s.index, None)
         stats = {"deferred": len(self.scheduler.deferred), "delta": self.scheduler.delta,
                  "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()}}
         return OverlapRollout(train, scores, res.seconds, stats)
 
+    async def _rule_score(self, sample: Sample) -> float:
+        """Sum of the Python reward functions on a finished sample's text."""
+        text = self.decode(sample.output_ids)
+        record = self.records.get(sample.index, {})
+        return sum([await call_reward_fn(fn, record, text) for fn in self.reward_fns])
+
     def observe_reward(self, mean_reward: float) -> None:
         self.scheduler.observe_reward(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(),
-                "ready_scores": {str(k): v for k, v in self.ready_scores.items()}}
+                "ready_scores": {str(k): v for k, v in self.ready_scores.items()},
+                "records": {str(k): v for k, v in self.records.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.tuner.load_state_dict(state["tuner"])
         self.ready_scores = {int(k): float(v) for k, v in state["ready_scores"].items()}
+        self.records = {int(k): dict(v) for k, v in state.get("records", {}).items()}

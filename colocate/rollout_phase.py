@@ -64,7 +64,7 @@ def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
     return params
 
 
-async def _call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
+async def call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
     value = fn(record, text)
     if inspect.isawaitable(value):
         value = await value
@@ -89,7 +89,7 @@ async def score_samples(
     if reward_fns:
         texts = [decode(s.output_ids) for s in samples]
         for fn in reward_fns:
-            vals = await asyncio.gather(*(_call_reward_fn(fn, p.record, t) for p, t in zip(prompts, texts)))
+            vals = await asyncio.gather(*(call_reward_fn(fn, p.record, t) for p, t in zip(prompts, texts)))
             totals = [a + b for a, b in zip(totals, vals)]
     return totals
 

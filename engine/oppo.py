@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from engine import reward as rm
 from engine import rollout
 from engine.rollout import Sample
 from engine.streamed import Chunker, ScoreClient
+
+ExtraScore = Callable[[Sample], Awaitable[float]]  # e.g. rule rewards on the decoded text
 
 
 @dataclasses.dataclass
@@ -39,7 +41,7 @@ class _Clock:
 
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
-               reward_engine, chunk: int, clock: _Clock, on_done) -> None:
+               reward_engine, extra_score: ExtraScore | None, chunk: int, clock: _Clock, on_done) -> None:
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
@@ -49,12 +51,15 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
         if client is not None:
             client.forget(step, sample.index)
         return
+    score = 0.0
     if chunker is not None:
         await chunker.finish()
         score = await client.score(step, sample.index)
-    else:
+    elif reward_engine is not None:
         seq = sample.prompt_ids + sample.output_ids
         score = await rm.score(reward_engine, seq, f"{tag}rm-{sample.index:08d}")
+    if extra_score is not None:
+        score += await extra_score(sample)
     clock.scored[sample.index] = time.perf_counter()
     on_done(sample, score)
 
@@ -62,9 +67,10 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
 async def run_step(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
     reward_engine=None, client: ScoreClient | None = None, chunk: int = 64,
-    cut_after: int | None = None,
+    cut_after: int | None = None, extra_score: ExtraScore | None = None,
 ) -> OverlapResult:
-    """Generate ``samples``; score each as it goes; abort the rest after ``cut_after``."""
+    """Generate ``samples``; score each as it goes (streamed through ``client``, else
+    one-shot on ``reward_engine``, plus ``extra_score``); abort the rest after ``cut_after``."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
@@ -82,7 +88,7 @@ async def run_step(
                     rollout.abort(actor, other, tag)
 
     tasks = [_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
-                  chunk=chunk, clock=clock, on_done=on_done) for s in samples]
+                  extra_score=extra_score, chunk=chunk, clock=clock, on_done=on_done) for s in samples]
     await asyncio.gather(*tasks)
     end = time.perf_counter()
     return OverlapResult(completed, [s for s in samples if s.index not in scores], scores,

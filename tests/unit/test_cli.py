@@ -27,6 +27,10 @@ def test_train_print_config_applies_overrides():
     (["--set", "overlap.mode=fast"], "overlap.mode"),
     (["--set", "noequals"], "expected section.field=value"),
     (["does-not-exist.yaml"], "does not exist"),
+    (["--set", "ppo.kl_coef=-1"], "ppo.kl_coef must be > 0"),
+    (["--set", "ppo.kl_horizon=0"], "ppo.kl_horizon must be > 0"),
+    (["--set", "overlap.mode=oppo", "--set", "reward.kind=rule", "--set", "reward.rule=vader"],
+     "with reward.kind=rule use overlap.mode=inter"),
 ])
 def test_bad_config_is_one_line(args, needle):
     result = CliRunner().invoke(main, ["train", *args, "--print-config"])
