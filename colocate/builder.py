@@ -22,15 +22,33 @@ from colocate.session import RunState, Session, resolve_model, tokenize_prompts
 from colocate.timesharing import TimeSharing
 
 
+def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
+    """CPU thread budget (actor, reward) of the engines' scheduler processes.
+
+    Explicit ``engines.*_threads`` win. Auto (0): every core for each engine, since in
+    sequential and inter modes they never compute at the same time (and the trainer only
+    runs while both idle); in intra/oppo with the inline feeder the actor decodes while the
+    reward engine prefills chunks, so each gets half the cores instead of both spinning
+    OpenMP threads on all of them (oversubscription)."""
+    e = cfg.engines
+    concurrent = cfg.overlap.streamed and cfg.overlap.feeder == "inline"
+    auto = max(1, cores // 2) if concurrent else cores
+    return e.actor_threads or auto, e.reward_threads or auto
+
+
 def _engines(cfg: Config, actor_path: str, reward_path: str | None):
     """Actor engine, and the reward engine unless a feeder process hosts its own."""
+    import os
+
     from engine.runtime import EngineConfig, SglangEngine
 
     e = cfg.engines
+    actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
     actor = SglangEngine(
         EngineConfig(actor_path, role="actor", device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
                      max_total_tokens=e.actor_max_total_tokens, mem_fraction_static=e.mem_fraction_static,
-                     log_level=e.log_level, trust_remote_code=cfg.models.trust_remote_code),
+                     log_level=e.log_level, trust_remote_code=cfg.models.trust_remote_code,
+                     threads=actor_threads),
         field="models.actor")
     reward = None
     own_feeder = cfg.overlap.streamed and cfg.overlap.feeder == "process"
@@ -40,7 +58,7 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
                 EngineConfig(reward_path, role="reward", device=e.device, dtype=cfg.models.dtype,
                              seed=cfg.run.seed, max_total_tokens=e.reward_max_total_tokens,
                              mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
-                             trust_remote_code=cfg.models.trust_remote_code),
+                             trust_remote_code=cfg.models.trust_remote_code, threads=reward_threads),
                 field="models.reward")
         except BaseException:
             actor.shutdown()

@@ -65,6 +65,7 @@ class EngineConfig:
     # may turn them on (e.g. a diagnostic reward engine); off by default.
     enable_metrics: bool = False
     trust_remote_code: bool = False  # run code shipped in the model folder (auto_map)
+    threads: int = 0  # CPU: torch threads of the scheduler process (0: torch's default, all cores)
 
     @property
     def label(self) -> str:
@@ -172,7 +173,8 @@ class SglangEngine:
         self._api = api
         started = time.perf_counter()
         try:
-            self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
+            with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0):
+                self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
             raise _start_error(cfg, exc) from None
         self.start_seconds = time.perf_counter() - started

@@ -12,6 +12,7 @@ are set here, once, before the first import; they are process set-up, not config
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -74,6 +75,26 @@ def prepare(device: str = "auto") -> Platform:
     if not ver.startswith(SUPPORTED_SGLANG):
         raise RuntimeError(f"sglang {ver} is not supported; colocate needs sglang 0.5.x")
     return Platform(device="cuda" if use_cuda else "cpu", sglang_version=ver, kernel_standin=standin)
+
+
+@contextlib.contextmanager
+def child_threads(n: int):
+    """Torch intra-op threads of the processes an engine spawns inside this block (``n`` >
+    0; 0 leaves torch's default: every core). SGLang has no argument for it on CPU, and a
+    spawned scheduler reads ``OMP_NUM_THREADS`` when its torch starts, so the variable is
+    set for the spawn only and restored right after."""
+    if n <= 0:
+        yield
+        return
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
 
 
 @lru_cache(maxsize=1)
