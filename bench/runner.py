@@ -1,6 +1,7 @@
 """Run the modes of one workload side by side: same engines, models, prompts, seeds, batch.
 
-Owns: one session per workload (engines and trainer built once), and for every repeat
+Owns: one session per workload and engine thread budget (engines and trainer built
+once; on CPU the streamed modes get their own, see ``_Sessions``), and for every repeat
 all modes in a rotated order (interleaved, so drift on a shared machine hits every mode
 alike). Before each (mode, repeat) the trainer, KL controller and data position are reset
 to the start, the initial weights are synced to the engine, and the mode's scheduler and
@@ -43,20 +44,48 @@ def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, An
                                   decode=lambda ids: session.tokenizer.decode(ids, skip_special_tokens=True))
 
 
+class _Sessions:
+    """One session per engine thread budget (``colocate.builder.engine_threads``): on CPU
+    the streamed modes run their two engines on half the cores each, the others on all of
+    them, exactly as ``colocate train`` would start them. Built on first use, kept for the
+    whole workload so modes still interleave; same seed, so the same initial weights."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, self.built = cfg, {}
+
+    def get(self, mode: str):
+        import os
+
+        from colocate import builder
+
+        mode_cfg = _mode_cfg(self.cfg, mode)
+        key = builder.engine_threads(mode_cfg, len(os.sched_getaffinity(0)))
+        if key not in self.built:
+            session = builder.build(_mode_cfg(self.cfg, "sequential") if not self.built else mode_cfg,
+                                    log=lambda m: None)
+            self.built[key] = (session, session.trainer.state_dict(), session.kl_ctl.state_dict())
+        return self.built[key]
+
+    def close(self) -> None:
+        for session, _, _ in self.built.values():
+            session.close()
+
+
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                  progress: Callable[[str], None] = print, limit_probe=None) -> dict[str, Any]:
-    """Records of every measured step, tagged with mode and repeat; plus the probe."""
-    from colocate import builder, loop
+    """Records of every measured step, tagged with mode and repeat; plus the probe (on the
+    sequential mode's engines)."""
+    from colocate import loop
 
-    session = builder.build(_mode_cfg(cfg, "sequential"), log=lambda m: None)
+    sessions = _Sessions(cfg)
     records: list[dict[str, Any]] = []
     try:
-        initial = session.trainer.state_dict()
-        kl_state = session.kl_ctl.state_dict()
-        probe = limit_probe(session) if limit_probe is not None else {}
+        first, _, _ = sessions.get("sequential")
+        probe = limit_probe(first) if limit_probe is not None else {}
         for rep in range(repeats):
             order = list(modes[rep % len(modes):]) + list(modes[: rep % len(modes)])
             for mode in order:
+                session, initial, kl_state = sessions.get(mode)
                 _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
                 started = time.perf_counter()
                 for k in range(steps + 1):
@@ -69,5 +98,5 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                     progress(f"  repeat {rep + 1}/{repeats} {mode:<10} step {k}/{steps}: "
                              f"{rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}")
     finally:
-        session.close()
+        sessions.close()
     return {"records": records, "probe": probe}
