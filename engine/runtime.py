@@ -247,10 +247,13 @@ class SglangEngine:
 
     # ---- control (sync; call while no request is in flight) --------------------------
     def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int) -> float:
-        """Load named tensors bucket by bucket; flush the radix cache on the last bucket."""
+        """Load named tensors bucket by bucket; flush the radix cache on the last bucket.
+        Every request to the scheduler is guarded: a scheduler that dies meanwhile raises
+        :class:`EngineDiedError` instead of leaving the call waiting forever."""
         started = time.perf_counter()
         buckets = list(buckets)
-        self._engine.begin_weight_update()
+        tm = self._engine.tokenizer_manager
+        run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None))
         try:
             for i, bucket in enumerate(buckets):
                 last = i == len(buckets) - 1
@@ -258,7 +261,8 @@ class SglangEngine:
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
         finally:
-            self._engine.end_weight_update()
+            if self.alive():  # a dead scheduler's error is the one to report
+                run_guarded([self], tm.end_weight_update(self._api.EndWeightUpdateReqInput(), None))
         self.weight_version = version
         return time.perf_counter() - started
 
@@ -268,9 +272,7 @@ class SglangEngine:
             serialized_named_tensors=[payload], flush_cache=flush,
             weight_version=None if version is None else str(version),
         )
-        out = self.loop.run_until_complete(
-            self._engine.tokenizer_manager.update_weights_from_tensor(obj, None)
-        )
+        out = run_guarded([self], self._engine.tokenizer_manager.update_weights_from_tensor(obj, None))
         return out if isinstance(out, tuple) else (out.success, out.message)
 
     def read_weight(self, name: str, truncate: int = 100) -> list:

@@ -105,7 +105,9 @@ def load() -> SimpleNamespace:
         warnings.simplefilter("ignore", UserWarning)
         import sglang
         from sglang.srt.managers.io_struct import (
+            BeginWeightUpdateReqInput,
             EmbeddingReqInput,
+            EndWeightUpdateReqInput,
             GenerateReqInput,
             UpdateWeightsFromTensorReqInput,
         )
@@ -113,6 +115,8 @@ def load() -> SimpleNamespace:
 
     return SimpleNamespace(
         Engine=sglang.Engine,
+        BeginWeightUpdateReqInput=BeginWeightUpdateReqInput,
+        EndWeightUpdateReqInput=EndWeightUpdateReqInput,
         EmbeddingReqInput=EmbeddingReqInput,
         GenerateReqInput=GenerateReqInput,
         UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,

@@ -59,10 +59,12 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, tmp_path)
         if rec["step"] != 2:
             return
 
-        def killer():
+        def killer():  # once step 3's tokens are streaming: mid-rollout for sure
             while session.phase != "rollout":
                 time.sleep(0.005)
-            time.sleep(0.3)
+            sent = session.overlap.client.chunks_sent
+            while session.overlap.client.chunks_sent < sent + 3:
+                time.sleep(0.005)
             os.kill(victim, signal.SIGKILL)
 
         threading.Thread(target=killer, daemon=True).start()
@@ -71,6 +73,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, tmp_path)
         with pytest.raises(EngineDiedError, match=r"the actor engine .* died") as e:
             ppo_loop.train(session, callbacks=[kill_during_step_3])
         assert "\n" not in str(e.value)
+        assert session.phase == "rollout"  # it died mid-rollout, as intended
     finally:
         session.close()
     latest = checkpoint.latest(out)
@@ -123,3 +126,16 @@ def test_non_finite_reward_skips_the_update(models, tmp_path):
     assert first["skipped"].startswith("non-finite reward") and first["trained_samples"] == 0
     assert first["weight_version"] == 0  # nothing was trained or synced
     assert second["trained_samples"] == 4 and second["weight_version"] == 1
+
+
+def test_scheduler_dead_during_weight_sync_is_an_error_not_a_hang(models, tmp_path):
+    session = builder.build(load_config(overrides=overrides(models, tmp_path / "sync", "run.steps=1")),
+                            log=lambda m: None)
+    try:
+        os.kill(_scheduler_pid(session.actor), signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(EngineDiedError, match="the actor engine .* died"):
+            session.sync_weights()
+        assert time.monotonic() - started < 30
+    finally:
+        session.close()
