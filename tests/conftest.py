@@ -54,3 +54,28 @@ def reward_engine(tiny_rm_path):
 def _few_threads():
     torch.set_num_threads(2)
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """Builds a tiny (actor, reward model) pair of folders: ``tiny_pair(name, actor_seed, rm_seed)``."""
+    def build(name: str, actor_seed: int, rm_seed: int) -> tuple[str, str]:
+        root = tmp_path_factory.mktemp(name)
+        return (str(build_tiny_causal_lm(root / "actor", seed=actor_seed)),
+                str(build_tiny_reward_model(root / "rm", seed=rm_seed)))
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def run_overrides():
+    """``run_overrides(models, out_dir, *extra)``: config overrides of a small PPO run on a
+    tiny (actor, rm) pair: batch 4 in 2 minibatches, small KV pools."""
+    return _run_overrides
+
+
+def _run_overrides(models: tuple[str, str], out_dir, *extra: str) -> list[str]:
+    actor, rm = models
+    return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
+            "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512",
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", *extra]

@@ -17,7 +17,6 @@ import pytest
 from colocate import api, builder, checkpoint
 from colocate import loop as ppo_loop
 from colocate.config import load_config
-from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
 from engine.runtime import EngineDiedError
 
 pytestmark = pytest.mark.slow
@@ -25,18 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rel")
-    return (str(build_tiny_causal_lm(root / "actor", seed=7)),
-            str(build_tiny_reward_model(root / "rm", seed=8)))
+def models(tiny_pair):
+    return tiny_pair("rel", 7, 8)
 
 
-def overrides(models, out_dir, *extra):
-    actor, rm = models
-    return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
-            "rollout.batch_size=4", "rollout.max_new_tokens=48", "ppo.minibatches=2",
-            "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
-            "engines.reward_max_total_tokens=8192", "run.save_every=1", *extra]
+@pytest.fixture(scope="module")
+def overrides(run_overrides):
+    return lambda models, out_dir, *extra: run_overrides(models, out_dir, "rollout.max_new_tokens=48", "run.save_every=1", *extra)
 
 
 def _scheduler_pid(engine) -> int:
@@ -46,7 +40,7 @@ def _scheduler_pid(engine) -> int:
     return engine.child_pids[0]
 
 
-def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, tmp_path):
+def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides, tmp_path):
     out = tmp_path / "run"
     cfg = load_config(overrides=overrides(models, out, "run.steps=4", "overlap.mode=oppo",
                                           "overlap.delta_init=2", "overlap.delta_adaptive=false",
@@ -93,7 +87,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, tmp_path)
     assert final["overlap"]["scheduler"]["next_index"] > deferred_before["next_index"]
 
 
-def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, tmp_path):
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, tmp_path):
     out = tmp_path / "sig"
     args = [sys.executable, "-m", "colocate.cli", "train"]
     for o in overrides(models, out, "run.steps=50", "run.save_every=100"):
@@ -113,7 +107,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, tmp_path):
     assert 1 <= step < 50
 
 
-def test_non_finite_reward_skips_the_update(models, tmp_path):
+def test_non_finite_reward_skips_the_update(models, overrides, tmp_path):
     cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2"))
     calls = []
 
@@ -128,7 +122,7 @@ def test_non_finite_reward_skips_the_update(models, tmp_path):
     assert second["trained_samples"] == 4 and second["weight_version"] == 1
 
 
-def test_scheduler_dead_during_weight_sync_is_an_error_not_a_hang(models, tmp_path):
+def test_scheduler_dead_during_weight_sync_is_an_error_not_a_hang(models, overrides, tmp_path):
     session = builder.build(load_config(overrides=overrides(models, tmp_path / "sync", "run.steps=1")),
                             log=lambda m: None)
     try:

@@ -8,7 +8,6 @@ from colocate import api, builder
 from colocate import loop as ppo_loop
 from colocate.config import load_config
 from colocate.guards import WeightVersionMismatchError
-from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
 
 pytestmark = pytest.mark.slow
 SOAK_STEPS = 50
@@ -17,18 +16,13 @@ MAX_SLOPE_MB_PER_STEP = 1.0  # a leak of one batch's tensors per step would be f
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("soak")
-    return (str(build_tiny_causal_lm(root / "actor", seed=11)),
-            str(build_tiny_reward_model(root / "rm", seed=12)))
+def models(tiny_pair):
+    return tiny_pair("soak", 11, 12)
 
 
-def overrides(models, out_dir, *extra):
-    actor, rm = models
-    return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
-            "rollout.batch_size=4", "rollout.max_new_tokens=16", "ppo.minibatches=2",
-            "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
-            "engines.reward_max_total_tokens=8192", *extra]
+@pytest.fixture(scope="module")
+def overrides(run_overrides):
+    return lambda models, out_dir, *extra: run_overrides(models, out_dir, "rollout.max_new_tokens=16", *extra)
 
 
 def least_squares_slope(ys: list[float]) -> float:
@@ -42,7 +36,7 @@ def test_least_squares_slope_helper():
     assert least_squares_slope([4.0, 4.0, 4.0]) == pytest.approx(0.0)
 
 
-def test_fifty_step_soak_has_no_memory_growth(models, tmp_path):
+def test_fifty_step_soak_has_no_memory_growth(models, overrides, tmp_path):
     cfg = load_config(overrides=overrides(
         models, tmp_path / "soak", f"run.steps={SOAK_STEPS}", "run.save_every=25", "overlap.mode=oppo",
         "overlap.delta_init=2", "overlap.chunk_size=4", "rollout.length_dist=lognormal",
@@ -57,7 +51,7 @@ def test_fifty_step_soak_has_no_memory_growth(models, tmp_path):
     assert sum(h["trained_samples"] for h in summary.history) == 4 * SOAK_STEPS
 
 
-def test_same_seed_same_config_same_metrics(models, tmp_path):
+def test_same_seed_same_config_same_metrics(models, overrides, tmp_path):
     keys = ("reward_mean", "reward_std", "kl", "actor/policy_loss", "critic/value_loss")
     runs = [api.train(load_config(overrides=overrides(models, tmp_path / name, "run.steps=3",
                                                       "run.save_every=0")), quiet=True)
@@ -68,7 +62,7 @@ def test_same_seed_same_config_same_metrics(models, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
-def test_engine_behind_the_trainer_is_detected(models, tmp_path):
+def test_engine_behind_the_trainer_is_detected(models, overrides, tmp_path):
     session = builder.build(load_config(overrides=overrides(models, tmp_path / "v", "run.steps=1")),
                             log=lambda m: None)
     try:
