@@ -59,14 +59,16 @@ class Summary:
     def describe(self) -> str:
         if not self.history:
             return f"no steps run; output in {self.out_dir}"
-        rewards = [h["reward_mean"] for h in self.history if "reward_mean" in h] or [float("nan")]
-        k = max(1, min(5, len(rewards) // 4))
-        step_s = statistics.median(h["step_s"] for h in self.history)
+        from colocate.metrics import run_summary
+
+        s = run_summary(self.history)
+        k = max(1, min(5, sum("reward_mean" in h for h in self.history) // 4))
         stopped = f"stopped by {self.stopped_by} at step {self.steps}; " if self.stopped_by else ""
+        reward = (f"reward {s['reward_first']:+.3f} (first {k}) → {s['reward_last']:+.3f} (last {k}); "
+                  if "reward_first" in s else "")
+        step_s = statistics.median(h["step_s"] for h in self.history)
         return (f"{stopped}{len(self.history)} steps in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
-                f"reward {statistics.fmean(rewards[:k]):+.3f} (first {k}) → "
-                f"{statistics.fmean(rewards[-k:]):+.3f} (last {k}); "
-                f"metrics {self.out_dir / 'metrics.jsonl'}, checkpoints {self.checkpoint_dir}")
+                f"{reward}metrics {self.out_dir / 'metrics.jsonl'}, checkpoints {self.checkpoint_dir}")
 
 
 class StopRequest:

@@ -112,6 +112,9 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     from trainer.distributed import init_distributed
     from trainer.kl_control import make_kl_controller
 
+    from colocate.wandb_log import check_available
+
+    check_available(cfg.run)  # before anything starts
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:

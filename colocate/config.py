@@ -139,6 +139,11 @@ class RunConfig:
     save_every: int = 5
     keep_checkpoints: int = 2
     train_threads: int = 0  # torch intra-op threads for training; 0: all cores
+    # Weights & Biases (optional, pip install 'colocate[wandb]'): set a project to log there
+    wandb_project: str = ""  # empty: no W&B
+    wandb_entity: str = ""  # empty: your default entity
+    wandb_name: str = ""  # empty: the run folder's name
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: <out_dir>/wandb, `wandb sync` later
 
 
 @dataclasses.dataclass(frozen=True)

