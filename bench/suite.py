@@ -53,7 +53,7 @@ def _config(preset: Preset, opts: BenchOptions, workload: str, actor: str, rm: s
 
     return load_config(overrides=[
         f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out / workload}",
-        "data.max_prompt_tokens=512", f"overlap.chunk_size={opts.chunk_size}",
+        "data.max_prompt_tokens=512", "run.eval_every=0", f"overlap.chunk_size={opts.chunk_size}",
         f"overlap.delta_init={opts.delta}", "overlap.delta_adaptive=false",
         f"overlap.delta_max={max(opts.delta, 1)}", *workload_overrides(preset, workload)])
 

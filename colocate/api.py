@@ -51,6 +51,7 @@ class Summary:
     history: list[dict[str, Any]]
     wall_s: float
     stopped_by: str = ""  # a signal name when SIGINT/SIGTERM ended the run early
+    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # held-out evaluations
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -61,11 +62,14 @@ class Summary:
             return f"no steps run; output in {self.out_dir}"
         from colocate.metrics import run_summary
 
-        s = run_summary(self.history)
+        s = run_summary(self.history, self.evals)
         k = max(1, min(5, sum("reward_mean" in h for h in self.history) // 4))
         stopped = f"stopped by {self.stopped_by} at step {self.steps}; " if self.stopped_by else ""
         reward = (f"reward {s['reward_first']:+.3f} (first {k}) → {s['reward_last']:+.3f} (last {k}); "
                   if "reward_first" in s else "")
+        if "eval_reward_first" in s:
+            reward += (f"held-out reward {s['eval_reward_first']:+.3f} (step {s['eval_step_first']:.0f}) → "
+                       f"{s['eval_reward_last']:+.3f} (step {s['eval_step_last']:.0f}); ")
         step_s = statistics.median(h["step_s"] for h in self.history)
         return (f"{stopped}{len(self.history)} steps in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
                 f"{reward}metrics {self.out_dir / 'metrics.jsonl'}, checkpoints {self.checkpoint_dir}")
@@ -133,15 +137,16 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         session.close()
     all_steps = read(session.out_dir / "metrics.jsonl") if session.is_main else history
     return Summary(session.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
-                   stop.reason)
+                   stop.reason, read(session.out_dir / "eval.jsonl") if session.is_main else [])
 
 
 def _write_run_files(session) -> None:
     out = session.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(session.cfg), indent=1))
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():  # a resumed run: drop steps after the checkpoint it resumed from
-        keep = [line for line in metrics.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= session.state.step]
-        metrics.write_text("".join(line + "\n" for line in keep))
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        path = out / name
+        if path.exists():  # a resumed run: drop records after the checkpoint it resumed from
+            keep = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= session.state.step]
+            path.write_text("".join(line + "\n" for line in keep))

@@ -82,10 +82,15 @@ def _trainer(cfg: Config, actor_path: str, critic_path: str, dist):
 
 
 def _data(cfg: Config, tokenizer):
+    """(training prompts, held-out evaluation prompts), tokenized."""
+    from colocate.evaluation import split_held_out
     from colocate.tasks import load_prompt_source
 
     prompts = load_prompt_source(cfg.data.source, None, cfg.data.seed)
-    return tokenize_prompts(tokenizer, prompts, cfg.data.max_prompt_tokens)
+    held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
+    train, held_out = split_held_out(prompts, held)
+    return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens),
+            tokenize_prompts(tokenizer, held_out, cfg.data.max_prompt_tokens))
 
 
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
@@ -134,7 +139,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
-    prompts = _data(cfg, tokenizer)
+    prompts, eval_prompts = _data(cfg, tokenizer)
     actor = reward = overlap = None
     if dist.rank == 0:
         actor, reward = _engines(cfg, actor_path, reward_path)
@@ -152,7 +157,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
             overlap = Overlap(cfg, actor, reward, reward_path, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
-                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap)
+                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,
+                          eval_prompts=eval_prompts)
         if resume is not None:
             session.restore(Path(resume))
     except BaseException:

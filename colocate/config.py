@@ -35,6 +35,7 @@ class DataConfig:
     source: str = "sentiment-prompts"  # sentiment-prompts | reasoning-gym:<task> | file.jsonl
     max_prompt_tokens: int = 96
     seed: int = 0
+    eval_prompts: int = 16  # the last N of the shuffled source, never trained on (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +61,14 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-    epochs: int = 1
+    epochs: int = 2
     minibatches: int = 2
     clip_eps: float = 0.2
     value_clip_eps: float = 0.2
     gamma: float = 1.0
-    lam: float = 0.95
-    actor_lr: float = 2e-6
-    critic_lr: float = 1e-5
+    lam: float = 1.0  # 1: Monte-Carlo returns minus the critic's baseline (no bias from an untrained critic)
+    actor_lr: float = 1e-5
+    critic_lr: float = 3e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     kl_kind: Literal["fixed", "adaptive"] = "adaptive"
@@ -139,6 +140,7 @@ class RunConfig:
     save_every: int = 5
     keep_checkpoints: int = 2
     train_threads: int = 0  # torch intra-op threads for training; 0: all cores
+    eval_every: int = 5  # greedy reward on the held-out prompts at step 0, every N steps, at the end (0: off)
     # Weights & Biases (optional, pip install 'colocate[wandb]'): set a project to log there
     wandb_project: str = ""  # empty: no W&B
     wandb_entity: str = ""  # empty: your default entity
@@ -275,6 +277,8 @@ def validate(cfg: Config) -> None:
         (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
+         "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
         (not cfg.overlap.streamed or cfg.reward.kind == "model",

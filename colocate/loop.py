@@ -56,9 +56,8 @@ def rollout(s: Session) -> RolloutData | None:
 
 
 def _sampling(s: Session) -> dict[str, Any]:
-    eos = [t for t in {s.tokenizer.eos_token_id, s.tokenizer.pad_token_id} if t is not None]
     r = s.cfg.rollout
-    return sampling_params(r.temperature, r.top_p, eos, r.ignore_eos)
+    return sampling_params(r.temperature, r.top_p, s.stop_ids, r.ignore_eos)
 
 
 def overlapped_rollout(s: Session) -> RolloutData:
@@ -154,6 +153,8 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
     history = []
     saved_at = None
     try:
+        if s.state.step == 0:
+            _maybe_evaluate(s, log)
         while s.state.step < s.cfg.run.steps:
             if stop is not None and stop.requested:
                 s.log(f"stop requested ({stop.reason}): checkpointing step {s.state.step}")
@@ -177,9 +178,27 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             if s.cfg.run.save_every > 0 and (s.state.step % s.cfg.run.save_every == 0 or last):
                 s.save_checkpoint()
                 saved_at = s.state.step
+            _maybe_evaluate(s, log)
     finally:
-        log.close(mlog.run_summary(mlog.read(log.path) or history))  # a resumed run: all its steps
+        # a resumed run: all its steps
+        log.close(mlog.run_summary(mlog.read(log.path) or history, mlog.read(log.path.parent / "eval.jsonl")))
     return history
+
+
+def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
+    """The held-out evaluation when it is due (rank 0: it only uses the engines)."""
+    from colocate import evaluation
+
+    if not (s.is_main and s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
+        return
+    if s.cfg.reward.kind == "model" and s.reward_engine is None:
+        return  # the reward model lives in the feeder process (overlap.feeder=process)
+    s.set_phase("eval")
+    rec = evaluation.evaluate(s)
+    s.set_phase("idle")
+    log.write_eval(rec)
+    s.log(f"eval after step {rec['step']}: reward {rec['reward_mean']:+.3f} ± {rec['reward_std']:.3f} "
+          f"on {rec['prompts']} held-out prompts (greedy, {rec['seconds']:.1f} s)")
 
 
 def _wandb_run(s: Session):

@@ -48,10 +48,22 @@ class MetricsLog:
                 self._tb = None
 
     def write(self, record: dict[str, Any]) -> None:
+        """One step's record: a line in ``metrics.jsonl``, its scalars to TensorBoard/W&B."""
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        self._mirror(record)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """One held-out evaluation: a line in ``eval.jsonl``, ``eval/*`` scalars elsewhere."""
+        if not self.enabled:
+            return
+        with (self.path.parent / "eval.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._mirror({f"eval/{k}": v for k, v in record.items() if k != "step"} | {"step": record["step"]})
+
+    def _mirror(self, record: dict[str, Any]) -> None:
         if self._tb is not None:
             step = int(record.get("step", 0))
             for key, value in record.items():
@@ -68,16 +80,20 @@ class MetricsLog:
             self._wandb = None
 
 
-def run_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+def run_summary(history: list[dict[str, Any]], evals: list[dict[str, Any]] = ()) -> dict[str, float]:
     """What a run ends with: steps, reward at the start and end (mean of up to 5 steps
-    each), median step time, the last KL."""
+    each), median step time, the last KL; the first and last held-out evaluation."""
     import statistics
 
     rewards = [h["reward_mean"] for h in history if "reward_mean" in h]
+    held_out = {}
+    if evals:
+        held_out = {"eval_step_first": float(evals[0]["step"]), "eval_reward_first": evals[0]["reward_mean"],
+                    "eval_step_last": float(evals[-1]["step"]), "eval_reward_last": evals[-1]["reward_mean"]}
     if not rewards:
-        return {"steps": float(len(history))}
+        return {"steps": float(len(history))} | held_out
     k = max(1, min(5, len(rewards) // 4))
-    return {
+    return held_out | {
         "steps": float(len(history)),
         "reward_first": statistics.fmean(rewards[:k]),
         "reward_last": statistics.fmean(rewards[-k:]),

@@ -96,13 +96,13 @@ async def score_samples(
 
 def run_sequential(
     actor, prompts: Sequence[Prompt], max_new_tokens: int, sampling: dict[str, Any], step: int,
-    *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None,
+    *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None, tag_prefix: str = "st",
 ) -> RolloutOutput:
-    """Generate all samples, then score them."""
+    """Generate all samples, then score them (request ids start with ``tag_prefix``)."""
     import time
 
     samples = [Sample(i, list(p.ids), p.budget or max_new_tokens) for i, p in enumerate(prompts)]
-    tag = f"st{step:07d}"
+    tag = f"{tag_prefix}{step:07d}"
     from engine.runtime import run_guarded
 
     engines = [actor, reward_engine]

@@ -81,6 +81,12 @@ class Session:
     phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
     _snapshot: dict[str, Any] | None = None
     on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
+    eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Token ids that end a response: the tokenizer's EOS and pad."""
+        return [t for t in {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id} if t is not None]
 
     def begin_step(self) -> None:
         """Remember the plain-Python state of the last completed step (cheap), so a failure

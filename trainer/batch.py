@@ -151,10 +151,22 @@ def response_positions(batch: TrainBatch) -> torch.Tensor:
 
 
 def response_logits(model_logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
-    """The logits that predict each response token: [B, L, V] -> [B, T, V] (one gather)."""
-    positions = response_positions(batch).to(model_logits.device)  # [B, T]
+    """The logits that predict each response token: [B, K, V] -> [B, T, V] (one gather).
+
+    ``model_logits`` holds the last K input positions (K = L for every position, smaller
+    when the model was asked for fewer, see `logits_kept`)."""
+    kept = model_logits.shape[1]
+    first = batch.input_ids.shape[1] - kept  # input position of model_logits[:, 0]
+    positions = (response_positions(batch) - first).clamp(0, kept - 1).to(model_logits.device)  # [B, T]
     rows = torch.arange(model_logits.shape[0], device=model_logits.device)[:, None]  # [B, 1]
     return model_logits[rows, positions]  # [B, T, V]
+
+
+def logits_kept(batch: TrainBatch) -> int:
+    """How many trailing input positions hold every logit `response_logits` needs: from
+    the one before the earliest response start to the end (prompt logits are not needed)."""
+    first = max(int(batch.response_start.min()) - 1, 0) if batch.size else 0
+    return max(batch.input_ids.shape[1] - first, 1)
 
 
 def response_values(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:

@@ -12,12 +12,13 @@ with right padding and a causal model that changes no result.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
 from torch import nn
 
-from trainer.batch import TrainBatch, response_logits, response_values
+from trainer.batch import TrainBatch, logits_kept, response_logits, response_values
 from trainer.ppo_math import entropy_from_logits, token_logprobs_from_logits
 
 
@@ -30,7 +31,9 @@ def policy_forward(
     Both are 0 on padding. `batch` must be on the model's device.
     """
     batch = batch.trimmed()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    kwargs = {"logits_to_keep": logits_kept(batch)} if _takes_logits_to_keep(model) else {}
+    # the LM head over response positions only: a fifth of the model's FLOPs per position
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs).logits
     picked = response_logits(logits, batch)  # [B, T, V]
     mask = batch.response_mask
     logp = token_logprobs_from_logits(picked, batch.responses, temperature)  # [B, T]
@@ -41,6 +44,11 @@ def policy_forward(
             entropy = entropy_from_logits(picked.detach() / temperature)  # [B, T]
             entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
     return logp, entropy
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the HF causal LM's forward takes `logits_to_keep` (transformers >= 4.45 models)."""
+    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
 def value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:

@@ -71,3 +71,31 @@ def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_p
     for h in summary.history:  # vader in [-1, 1] plus the rule in {0, 1}
         assert -1.0 <= h["reward_mean"] <= 2.0
     assert len(seen) >= 8
+
+
+def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, tiny_rm_path, tmp_path):
+    import collections
+    import json
+
+    from colocate.tasks import load_prompt_source
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"Tell me about topic {i}.", "id": i}) + "\n" for i in range(12)))
+    seen = collections.Counter()
+
+    def count(record, text):
+        seen[record["id"]] += 1
+        return 0.0
+
+    cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / "eval", f"data.source={source}",
+                 "data.eval_prompts=3", "run.eval_every=1")
+    summary = api.train(cfg, reward_fns=[count], quiet=True)
+    held = [p.meta["id"] for p in load_prompt_source(str(source), None, cfg.data.seed)[-3:]]
+    # evaluated after 0, 1 and 2 steps: each held-out prompt scored 3 times, by greedy decoding
+    assert [e["step"] for e in summary.evals] == [0, 1, 2]
+    assert all(e["prompts"] == 3 and e["weight_version"] == e["step"] for e in summary.evals)
+    assert {i: seen[i] for i in held} == {i: 3 for i in held}
+    # 2 steps x 4 rows drawn from the 9 training prompts: each at most once, none held out
+    assert sum(n for i, n in seen.items() if i not in held) == 8
+    assert all(n == 1 for i, n in seen.items() if i not in held)
+    assert "held-out reward" in summary.describe()

@@ -169,7 +169,9 @@ def test_micro_batching_does_not_change_the_update(world1, tiny_actor_path, agg)
         old = trainer.old_logprobs(batch)
         trainer.train_actor(batch, old, batch.response_mask.float() * batch.scores[:, None], current_version=0)
         results.append(trainer.actor_state_for_sync())
-    assert_same_tensors(*results, exact=False, rtol=1e-5, atol=1e-6)
+    # one Adam step moves a weight by up to lr = 1e-3; float sums in other orders (each
+    # micro-batch's own shapes) may move a weight whose gradient is ~Adam's eps by 1e-6
+    assert_same_tensors(*results, exact=False, rtol=1e-5, atol=1e-5)
 
 
 def test_state_dict_round_trip_and_resume(world1, tiny_actor_path):

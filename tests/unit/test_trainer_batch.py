@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.batch import make_batch, response_logits, response_values
+from trainer.batch import logits_kept, make_batch, response_logits, response_values
 from trainer.forward import agg_denominator
 
 PAD = 0
@@ -66,6 +66,12 @@ def test_response_logits_and_values_match_row_loop(case, seed):
     values = torch.randn(rows, length, generator=gen)  # [B, L]
     picked, picked_values = response_logits(logits, batch), response_values(values, batch)
     assert picked.shape == (rows, batch.responses.shape[1], 7)
+    # a model asked for only the trailing logits_kept positions gives the same picks
+    kept = logits_kept(batch)
+    assert kept <= length
+    tail = response_logits(logits[:, length - kept:], batch)
+    mask = batch.response_mask[:, :, None]
+    assert torch.equal(torch.where(mask, tail, 0.0), torch.where(mask, picked, 0.0))
     for b, (prompt, response) in enumerate(zip(prompts, responses)):
         for t in range(batch.responses.shape[1]):
             if t < len(response):  # the logit at the token before response token t predicts it

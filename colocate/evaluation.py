@@ -1,0 +1,57 @@
+"""Held-out evaluation: the policy's reward on a fixed prompt set, between steps.
+
+The training reward of one step mixes learning with which prompts the step drew (some
+topics score low whatever the policy says). The held-out set is the same every time and
+decoded greedily, so its reward moves only when the weights do: the learning curve.
+
+Owns: splitting the held-out prompts off the prompt set, when an evaluation is due, and
+one evaluation (greedy generation on the actor engine, the same reward as training).
+Leaves out: logging (``colocate.metrics``) and the loop around it (``colocate.loop``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def split_held_out(prompts: Sequence[T], n: int) -> tuple[list[T], list[T]]:
+    """(training prompts, the last ``n`` prompts held out for evaluation): at most a quarter
+    of the source, so a small prompt file still trains on most of it (none held out from
+    fewer than 4 prompts)."""
+    n = min(max(n, 0), len(prompts) // 4)
+    if n == 0:
+        return list(prompts), []
+    return list(prompts[:-n]), list(prompts[-n:])
+
+
+def due(step: int, every: int, last_step: int) -> bool:
+    """Evaluate the weights after ``step`` updates: at 0, every ``every`` steps and at the end."""
+    return every > 0 and (step % every == 0 or step == last_step)
+
+
+def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Session
+    """Greedy responses of the current actor engine weights to the held-out prompts, scored
+    like training (reward model and/or functions, ``reward.scale``) -> the eval record."""
+    from colocate.rollout_phase import run_sequential, sampling_params
+
+    s = session
+    r = s.cfg.rollout
+    started = time.perf_counter()
+    out = run_sequential(
+        s.actor, s.eval_prompts, r.max_new_tokens, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
+        s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
+        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev")
+    scores = [v * s.cfg.reward.scale for v in out.scores]
+    return {
+        "step": s.state.step,
+        "weight_version": s.state.weight_version,
+        "prompts": len(scores),
+        "reward_mean": statistics.fmean(scores),
+        "reward_std": statistics.pstdev(scores),
+        "response_len": statistics.fmean(len(x.output_ids) for x in out.samples),
+        "seconds": time.perf_counter() - started,
+    }
