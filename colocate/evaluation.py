@@ -54,4 +54,5 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
         "reward_std": statistics.pstdev(scores),
         "response_len": statistics.fmean(len(x.output_ids) for x in out.samples),
         "seconds": time.perf_counter() - started,
+        "scores": scores,  # per held-out prompt, in a fixed order: compare evaluations prompt by prompt
     }

@@ -93,7 +93,7 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
     held = [p.meta["id"] for p in load_prompt_source(str(source), None, cfg.data.seed)[-3:]]
     # evaluated after 0, 1 and 2 steps: each held-out prompt scored 3 times, by greedy decoding
     assert [e["step"] for e in summary.evals] == [0, 1, 2]
-    assert all(e["prompts"] == 3 and e["weight_version"] == e["step"] for e in summary.evals)
+    assert all(e["prompts"] == len(e["scores"]) == 3 and e["weight_version"] == e["step"] for e in summary.evals)
     assert {i: seen[i] for i in held} == {i: 3 for i in held}
     # 2 steps x 4 rows drawn from the 9 training prompts: each at most once, none held out
     assert sum(n for i, n in seen.items() if i not in held) == 8
