@@ -11,6 +11,7 @@ Leaves out: logging (``colocate.metrics``) and the loop around it (``colocate.lo
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any, Sequence, TypeVar
@@ -35,7 +36,8 @@ def due(step: int, every: int, last_step: int) -> bool:
 
 def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Session
     """Greedy responses of the current actor engine weights to the held-out prompts, scored
-    like training (reward model and/or functions, ``reward.scale``) -> the eval record."""
+    like training (reward model and/or functions, ``reward.scale``) -> the eval record.
+    Non-finite scores are counted (``non_finite``) and left out of the mean."""
     from colocate.rollout_phase import run_sequential, sampling_params
 
     s = session
@@ -46,12 +48,14 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
         s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
         decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev")
     scores = [v * s.cfg.reward.scale for v in out.scores]
+    finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
     return {
         "step": s.state.step,
         "weight_version": s.state.weight_version,
         "prompts": len(scores),
-        "reward_mean": statistics.fmean(scores),
-        "reward_std": statistics.pstdev(scores),
+        "non_finite": len(scores) - len(finite),
+        "reward_mean": statistics.fmean(finite) if finite else float("nan"),
+        "reward_std": statistics.pstdev(finite) if finite else float("nan"),
         "response_len": statistics.fmean(len(x.output_ids) for x in out.samples),
         "seconds": time.perf_counter() - started,
         "scores": scores,  # per held-out prompt, in a fixed order: compare evaluations prompt by prompt

@@ -14,6 +14,7 @@ Leaves out: what a rollout or a reward score means (``engine.rollout``,
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import json
 import time
@@ -180,6 +181,11 @@ class SglangEngine:
         self.start_seconds = time.perf_counter() - started
         self._model_name = _server_kwargs(cfg, platform.device)["model_path"]
         self._child_pids = list(self._engine.get_all_child_pids())
+        # SGLang's exit hook (Engine.shutdown) kills every child of this process, those of
+        # other engines and libraries included (e.g. the W&B service, whose own exit hook
+        # then fails); ours stops this engine's processes only.
+        atexit.unregister(self._engine.shutdown)
+        atexit.register(self.shutdown)
         # SGLang's own watchdog SIGQUITs this whole process when a child dies; colocate
         # watches its engines itself (run_guarded) to stop with a clear error instead.
         watchdog = getattr(self._engine.tokenizer_manager, "_subprocess_watchdog", None)
@@ -303,6 +309,7 @@ class SglangEngine:
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.shutdown)
         watchdog = getattr(self._engine.tokenizer_manager, "_subprocess_watchdog", None)
         if watchdog is not None:
             watchdog.stop()

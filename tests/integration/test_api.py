@@ -4,6 +4,7 @@ async) beside the SGLang reward model, per-step callbacks, the trained checkpoin
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -82,18 +83,20 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"Tell me about topic {i}.", "id": i}) + "\n" for i in range(12)))
     seen = collections.Counter()
-
-    def count(record, text):
-        seen[record["id"]] += 1
-        return 0.0
-
     cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / "eval", f"data.source={source}",
                  "data.eval_prompts=3", "run.eval_every=1")
-    summary = api.train(cfg, reward_fns=[count], quiet=True)
     held = [p.meta["id"] for p in load_prompt_source(str(source), None, cfg.data.seed)[-3:]]
+
+    def count(record, text):  # NaN for one held-out prompt: counted, left out of the mean
+        seen[record["id"]] += 1
+        return float("nan") if record["id"] == held[0] else 0.0
+
+    summary = api.train(cfg, reward_fns=[count], quiet=True)
     # evaluated after 0, 1 and 2 steps: each held-out prompt scored 3 times, by greedy decoding
     assert [e["step"] for e in summary.evals] == [0, 1, 2]
     assert all(e["prompts"] == len(e["scores"]) == 3 and e["weight_version"] == e["step"] for e in summary.evals)
+    assert all(e["non_finite"] == 1 and math.isfinite(e["reward_mean"]) for e in summary.evals)
+    assert not any("skipped" in h for h in summary.history)
     assert {i: seen[i] for i in held} == {i: 3 for i in held}
     # 2 steps x 4 rows drawn from the 9 training prompts: each at most once, none held out
     assert sum(n for i, n in seen.items() if i not in held) == 8

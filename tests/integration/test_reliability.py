@@ -108,7 +108,8 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, t
 
 
 def test_non_finite_reward_skips_the_update(models, overrides, tmp_path):
-    cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2"))
+    # no held-out evaluation: the first reward calls must be the first training batch's
+    cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2", "run.eval_every=0"))
     calls = []
 
     def sometimes_nan(record, text):
