@@ -69,16 +69,18 @@ def peer_shape(preset: Preset, workload: str) -> tuple[int, bool]:
 
 
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
-             stop_at_eos: bool = False) -> dict[str, Any] | None:
-    """TRL's PPO on the same models and batch, in a subprocess; None if unavailable."""
+             stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2) -> dict[str, Any] | None:
+    """TRL's PPO on the same models, batch and PPO epochs/minibatches, in a subprocess;
+    None if unavailable."""
     new_tokens = new_tokens or preset.max_new_tokens
     cmd = [sys.executable, "-m", "bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
            "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
-           "--updates", str(preset.peer_updates), "--out", str(out)]
+           "--updates", str(preset.peer_updates), "--epochs", str(epochs),
+           "--minibatches", str(minibatches), "--out", str(out)]
     if stop_at_eos:
         cmd.append("--stop-at-eos")
-    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens"
-        + (" (stop at EOS)" if stop_at_eos else ""))
+    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens, "
+        f"{epochs} epochs × {minibatches} minibatches" + (" (stop at EOS)" if stop_at_eos else ""))
     proc = subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True)
     result = out / "trl_result.json"
     if proc.returncode != 0 or not result.is_file():
@@ -105,14 +107,15 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     peers: dict[tuple[int, bool], dict[str, Any] | None] = {}
     for workload in preset.workloads:
         peer = None
+        cfg = _config(preset, opts, workload, actor, rm, out)
         if opts.peer and preset.peer_updates:
             shape = peer_shape(preset, workload)
             if shape not in peers:
                 peers[shape] = run_peer(actor, rm, preset, out / f"trl-{shape[0]}{'-eos' if shape[1] else ''}",
-                                        log, new_tokens=shape[0], stop_at_eos=shape[1])
+                                        log, new_tokens=shape[0], stop_at_eos=shape[1],
+                                        epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches)
             peer = peers[shape]
         log(f"workload {workload}")
-        cfg = _config(preset, opts, workload, actor, rm, out)
         data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe)
         summary = report.summarize(data["records"], data["probe"], opts.modes)
         peer_info = report.peer_ratio(summary, peer)

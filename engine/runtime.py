@@ -44,6 +44,10 @@ class EngineDiedError(ColocateError):
     """An engine's scheduler process is gone."""
 
 
+CPU_MEM_FRACTION = 0.5
+CPU_DEFAULT_POOL_TOKENS = 65536  # KV pool on CPU when max_total_tokens is None
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """How to start one SGLang engine. Defaults suit a 2-core CPU and small models."""
@@ -138,7 +142,11 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         kw["is_embedding"] = True
     if device == "cpu":
         kw["attention_backend"] = cfg.attention_backend or "torch_native"
-        kw["mem_fraction_static"] = 0.05  # CPU: the pool size comes from max_total_tokens
+        # CPU: SGLang budgets the KV pool as (RAM free after loading) - (1 - f) x (RAM free
+        # before), so loading may take at most f of the free RAM; 0.05 failed once other
+        # processes had taken RAM (SmolLM2 needed 0.056). The pool itself is max_total_tokens.
+        kw["mem_fraction_static"] = CPU_MEM_FRACTION
+        kw.setdefault("max_total_tokens", CPU_DEFAULT_POOL_TOKENS)
         kw["disable_cuda_graph"] = True
     else:
         kw["mem_fraction_static"] = cfg.mem_fraction_static
