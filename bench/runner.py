@@ -1,9 +1,9 @@
 """Run the modes of one workload side by side: same engines, models, prompts, seeds, batch.
 
 Owns: one session per workload and engine thread budget (engines and trainer built
-once; on CPU the streamed modes get their own, see ``_Sessions``), and for every repeat
-all modes in a rotated order (interleaved, so drift on a shared machine hits every mode
-alike). Before each (mode, repeat) the trainer, KL controller and data position are reset
+once, or one at a time when two do not fit in RAM; on CPU the streamed modes get their
+own, see ``_Sessions``), and for every repeat all modes in a rotated order, grouped by
+session (interleaved, so drift on a shared machine hits every mode alike). Before each (mode, repeat) the trainer, KL controller and data position are reset
 to the start, the initial weights are synced to the engine, and the mode's scheduler and
 feeder are set up fresh; one warm-up step is run and not recorded.
 
@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config
+from colocate.metrics import rss_mb
 
 
 def _mode_cfg(cfg: Config, mode: str) -> Config:
@@ -47,28 +48,59 @@ def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, An
 class _Sessions:
     """One session per engine thread budget (``colocate.builder.engine_threads``): on CPU
     the streamed modes run their two engines on half the cores each, the others on all of
-    them, exactly as ``colocate train`` would start them. Built on first use, kept for the
-    whole workload so modes still interleave; same seed, so the same initial weights."""
+    them, exactly as ``colocate train`` would start them. Built on first use and kept so
+    modes interleave without restarts, unless a second one would not fit in the free RAM
+    next to the first (measured: one SmolLM2 session at batch 16 x 128 holds ~10 GB); then
+    the other is closed first and rebuilt when needed. Same seed: same initial weights."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg, self.built = cfg, {}
+        self.baseline_mb = rss_mb()
+        self.rebuilds = 0
 
-    def get(self, mode: str):
+    def key(self, mode: str) -> tuple[int, int]:
         import os
 
         from colocate import builder
 
-        mode_cfg = _mode_cfg(self.cfg, mode)
-        key = builder.engine_threads(mode_cfg, len(os.sched_getaffinity(0)))
+        return builder.engine_threads(_mode_cfg(self.cfg, mode), len(os.sched_getaffinity(0)))
+
+    def get(self, mode: str):
+        from colocate import builder
+
+        key = self.key(mode)
         if key not in self.built:
-            session = builder.build(_mode_cfg(self.cfg, "sequential") if not self.built else mode_cfg,
-                                    log=lambda m: None)
+            if self.built and not fits_beside(rss_mb() - self.baseline_mb, free_mb()):
+                self.close()
+                self.built, self.rebuilds = {}, self.rebuilds + 1
+            session = builder.build(_mode_cfg(self.cfg, mode), log=lambda m: None)
             self.built[key] = (session, session.trainer.state_dict(), session.kl_ctl.state_dict())
         return self.built[key]
 
     def close(self) -> None:
         for session, _, _ in self.built.values():
             session.close()
+
+
+def fits_beside(session_mb: float, free: float, margin: float = 1.5) -> bool:
+    """Whether another session like the one holding ``session_mb`` fits in ``free`` MiB."""
+    return free > margin * session_mb
+
+
+def free_mb() -> float:
+    import psutil
+
+    return psutil.virtual_memory().available / 2**20
+
+
+def grouped_order(modes: Sequence[str], rep: int, key: Callable[[str], Any]) -> list[str]:
+    """The modes rotated by ``rep`` (interleaving across repeats), then stably grouped by
+    ``key`` in order of first appearance, so sessions switch as rarely as possible."""
+    rotated = list(modes[rep % len(modes):]) + list(modes[: rep % len(modes)])
+    firsts = {}
+    for mode in rotated:
+        firsts.setdefault(key(mode), len(firsts))
+    return sorted(rotated, key=lambda m: firsts[key(m)])
 
 
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
@@ -83,8 +115,7 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
         first, _, _ = sessions.get("sequential")
         probe = limit_probe(first) if limit_probe is not None else {}
         for rep in range(repeats):
-            order = list(modes[rep % len(modes):]) + list(modes[: rep % len(modes)])
-            for mode in order:
+            for mode in grouped_order(modes, rep, sessions.key):
                 session, initial, kl_state = sessions.get(mode)
                 _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
                 started = time.perf_counter()
@@ -99,4 +130,4 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                              f"{rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}")
     finally:
         sessions.close()
-    return {"records": records, "probe": probe}
+    return {"records": records, "probe": probe, "session_rebuilds": sessions.rebuilds}

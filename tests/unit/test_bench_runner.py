@@ -1,0 +1,27 @@
+"""Bench mode order and the memory rule for keeping two sessions alive."""
+
+from __future__ import annotations
+
+from bench.runner import fits_beside, grouped_order
+
+MODES = ["sequential", "intra", "inter", "oppo"]
+BUDGET = {"sequential": (2, 2), "inter": (2, 2), "intra": (1, 1), "oppo": (1, 1)}.get
+
+
+def test_modes_rotate_across_repeats_and_group_by_session():
+    orders = [grouped_order(MODES, rep, BUDGET) for rep in range(4)]
+    assert orders[0] == ["sequential", "inter", "intra", "oppo"]
+    assert orders[1] == ["intra", "oppo", "inter", "sequential"]
+    assert orders[2] == ["inter", "sequential", "oppo", "intra"]
+    assert orders[3] == ["oppo", "intra", "sequential", "inter"]
+    for order in orders:  # every mode once; at most one switch of session per repeat
+        assert sorted(order) == sorted(MODES)
+        assert sum(BUDGET(a) != BUDGET(b) for a, b in zip(order, order[1:])) == 1
+    assert {order[0] for order in orders} == set(MODES)  # each mode goes first once
+    assert grouped_order(MODES, 1, lambda m: 0) == ["intra", "inter", "oppo", "sequential"]  # one session: plain rotation
+
+
+def test_a_second_session_is_kept_only_with_room_to_spare():
+    assert fits_beside(session_mb=4000, free=16000)
+    assert not fits_beside(session_mb=10000, free=12000)  # the full preset on 24 GiB
+    assert not fits_beside(session_mb=4000, free=6000)
