@@ -66,7 +66,8 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
     return actor, reward
 
 
-def _trainer(cfg: Config, actor_path: str, critic_path: str, dist):
+def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist):
+    """The PPO trainer (actor, reference, critic on FSDP2) with the settings of `cfg`."""
     from trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
     p, o = cfg.ppo, cfg.overlap
@@ -146,7 +147,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         log(f"engines up: actor {actor.start_seconds:.1f} s"
             + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
     try:
-        trainer = _trainer(cfg, actor_path, critic_path, dist)
+        trainer = make_trainer(cfg, actor_path, critic_path, dist)
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)

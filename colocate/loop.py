@@ -106,7 +106,7 @@ def step(s: Session) -> dict[str, Any]:
         s.overlap.observe_reward(statistics.fmean(data.scores))
     s.state.step += 1
     s.set_phase("sync")
-    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.sync_weights)
+    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.trainer.actor_state_for_sync, s.push_weights)
     s.set_phase("idle")
     return _record(s, data, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
 

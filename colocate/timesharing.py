@@ -1,9 +1,10 @@
 """Time-sharing the devices between SGLang engines and FSDP training.
 
 Owns: the order of sleep and wake per step. Before training: release the engines'
-weights and KV cache. After training: offload FSDP params and optimizer state, wake the
-actor's weights, sync new weights, then wake the KV caches (waking KV before the sync is
-how peers hit OOM at wake-up). On CPU, SGLang's memory saver does nothing (it needs
+weights and KV cache. After training: gather the actor's full weights to host memory
+while FSDP still holds its shards on the device (an all-gather over the device backend),
+offload FSDP params and optimizer state, wake the actor's weights, push the new weights,
+then wake the KV caches (waking KV before the push is how peers hit OOM at wake-up). On CPU, SGLang's memory saver does nothing (it needs
 CUDA), so every call is a no-op by design; :class:`TimeSharing` says so once.
 
 Leaves out: the weight sync itself (``colocate.weight_sync``).
@@ -11,7 +12,10 @@ Leaves out: the weight sync itself (``colocate.weight_sync``).
 
 from __future__ import annotations
 
-from typing import Callable
+import time
+from typing import Callable, TypeVar
+
+State = TypeVar("State")
 
 
 class TimeSharing:
@@ -32,13 +36,18 @@ class TimeSharing:
                 e.release_memory()
         self.trainer.onload()
 
-    def wake_and_sync(self, sync: Callable[[], float]) -> float:
-        """Offload training state, wake weights, sync, wake KV. Returns sync seconds."""
+    def wake_and_sync(self, gather: Callable[[], State], push: Callable[[State], float]) -> float:
+        """Gather the full weights, offload training state, wake weights, push, wake KV.
+
+        Returns the sync seconds: the gather's wall time plus what ``push`` reports."""
+        start = time.perf_counter()
+        state = gather()
+        gathered = time.perf_counter() - start
         self.trainer.offload()
         if self.active:
             for e in self.engines:
                 e.resume_memory(["weights"])
-        seconds = sync()
+        seconds = gathered + push(state)
         if self.active:
             for e in self.engines:
                 e.resume_memory(["kv_cache"])

@@ -7,7 +7,8 @@ HF-named state dict to rank 0 (`full_state_dict`), broadcasting rollout data fro
 `gather_rows`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
-(tests use 1-2 ranks on loopback), nccl on CUDA. A world of one needs no launcher: a
+(tests use 1-2 ranks on loopback), nccl on CUDA with gloo beside it for host tensors
+(a checkpoint of a trainer whose shards are offloaded to the host). A world of one needs no launcher: a
 single-process group is created over a free loopback port. Under torchrun the env://
 rendezvous that torchrun set up is used (torchrun's variables are its interface; colocate
 passes no configuration through the environment).
@@ -73,7 +74,8 @@ def init_distributed(
     On CUDA each rank uses `cuda:<LOCAL_RANK or rank>`.
     """
     kind = torch.device(device).type
-    backend = "nccl" if kind == "cuda" else "gloo"
+    needed = "nccl" if kind == "cuda" else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo"
     if not dist.is_initialized():
         if init_method is not None:
             dist.init_process_group(backend, init_method=init_method, rank=rank or 0, world_size=world_size or 1)
@@ -81,8 +83,8 @@ def init_distributed(
             dist.init_process_group(backend, init_method="env://")
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    if backend not in dist.get_backend():
-        raise ColocateError(f"a {dist.get_backend()} process group exists, but device {device} needs {backend}")
+    if needed not in dist.get_backend():
+        raise ColocateError(f"a {dist.get_backend()} process group exists, but device {device} needs {needed}")
     info_rank, info_world = dist.get_rank(), dist.get_world_size()
     torch_device = torch.device("cpu")
     if kind == "cuda":

@@ -326,3 +326,37 @@ def _cuda_offload_worker(rank: int, init_method: str, actor_path: str) -> None:
 def test_offload_onload_round_trip_on_cuda(tiny_actor_path):
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_cuda_offload_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)
+
+
+def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> None:
+    from colocate.timesharing import TimeSharing
+
+    info = init_distributed("cuda", rank=rank, world_size=1, init_method=init_method)
+    try:
+        trainer = PPOTrainer(settings_for(actor_path, device="cuda"), info)
+        ppo_step(trainer, rollout_batch(15))
+        seen = {}
+
+        def gather():
+            seen["gathered_on"] = next(trainer.actor.parameters()).device.type
+            return trainer.actor_state_for_sync()
+
+        def push(state):
+            seen["state"], seen["pushed_on"] = state, next(trainer.actor.parameters()).device.type
+            return 0.0
+
+        TimeSharing([], trainer).wake_and_sync(gather, push)
+        assert (seen["gathered_on"], seen["pushed_on"]) == ("cuda", "cpu")  # gather on device, push after offload
+        # an offloaded trainer still gathers and checkpoints (host tensors go over the gloo side of the group)
+        assert_same_tensors(seen["state"], trainer.actor_state_for_sync())
+        offloaded = trainer.state_dict()
+        assert trainer.onload() is True
+        assert_same_tensors(offloaded, trainer.state_dict())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sync_gathers_before_offload_and_offloaded_state_is_readable_on_cuda(tiny_actor_path):
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_cuda_sync_order_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)

@@ -1,0 +1,245 @@
+"""The training half of a PPO step on one device, measured: phase times and what offload frees.
+
+    python -m bench.train_phases --device cuda --shape smollm2-135m --out runs/train-phases
+    torchrun --nproc_per_node 2 -m bench.train_phases --device cuda ...   # one rank per GPU
+
+Runs the trainer's part of colocate's step (``colocate.loop``) in the loop's order on
+random-weight models of a named shape (``colocate.models.MODEL_SHAPES``; weights do not
+change a step's time or memory) and synthetic rollouts of a fixed shape:
+onload -> ref -> old_logp -> values -> advantages -> critic -> actor -> sync_gather (the
+FSDP all-gather of the actor's full weights into host memory, as the weight sync does
+before the trainer is offloaded; the push into SGLang is not part of it) -> offload.
+PPO settings are the config's defaults (``--set ppo.epochs=1`` etc. to change them).
+
+On CUDA it also reports the device memory the trainer holds before and after offload,
+the device's free memory before and after, and each step's peak. It needs no SGLang: it
+is how the CUDA FSDP path is checked where SGLang's CUDA build is not installed.
+Writes ``train_phases.json`` and ``train_phases.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+PHASES = ("onload", "ref", "old_logp", "values", "advantages", "critic", "actor", "sync_gather", "offload")
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    device: str = "cuda"
+    shape: str = "smollm2-135m"
+    model: str | None = None  # an HF folder instead of a random shape
+    dtype: str | None = None  # compute dtype; default bfloat16 on CUDA, float32 on CPU
+    batch: int = 16
+    prompt_tokens: int = 64
+    response_tokens: int = 128
+    steps: int = 3
+    warmup: int = 1
+    seed: int = 0
+    sets: tuple[str, ...] = ()
+    out: str | None = None
+
+
+def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int):
+    """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of lengths
+    spread evenly over [response_tokens / 2, response_tokens] (the longest exactly that)."""
+    from trainer.batch import make_batch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = [response_tokens - (response_tokens // 2) * i // max(rows, 1) for i in range(rows)]
+    prompts = [torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+    scores = torch.randn(rows, generator=g).tolist()
+    return make_batch(prompts, responses, 0, scores, [[-1.0] * n for n in lengths], [[0] * n for n in lengths])
+
+
+class _Clock:
+    """Wall seconds per named phase, synchronising the device around each."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        self._sync()
+        start = time.perf_counter()
+        out = fn()
+        self._sync()
+        self.seconds[name] = time.perf_counter() - start
+        return out
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _memory(device: torch.device) -> dict[str, float]:
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+            "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+            "device_free_gib": free / GIB, "device_total_gib": total / GIB}
+
+
+def one_step(trainer, batch, kl_coef: float, device: torch.device) -> dict[str, Any]:
+    """The trainer phases of one loop step, timed; on CUDA with the memory around offload."""
+    clock = _Clock(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    clock("onload", trainer.onload)
+    ref = clock("ref", lambda: trainer.ref_logprobs(batch))
+    old = clock("old_logp", lambda: trainer.old_logprobs(batch))
+    values = clock("values", lambda: trainer.values(batch))
+    adv, returns, _, _ = clock("advantages", lambda: trainer.advantages(batch, old, ref, values, kl_coef))
+    critic = clock("critic", lambda: trainer.train_critic(batch, values, returns))
+    actor = clock("actor", lambda: trainer.train_actor(batch, old, adv, 0))
+    full = clock("sync_gather", trainer.actor_state_for_sync)
+    before = _memory(device)
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+    clock("offload", trainer.offload)
+    after = _memory(device)
+    losses = {"value_loss": critic.get("value_loss"), "policy_loss": actor.get("policy_loss")}
+    return {"seconds": clock.seconds, "memory_before_offload": before, "memory_after_offload": after,
+            "peak_allocated_gib": peak, "gathered_tensors": len(full), "losses": losses}
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build the trainer, run warmup + timed steps, and summarise (on every rank; rank 0 logs)."""
+    import torch.distributed as tdist
+
+    from colocate.builder import make_trainer
+    from colocate.config import load_config
+    from colocate.models import build_shaped_causal_lm
+    from trainer.distributed import init_distributed
+
+    dist = init_distributed(opts.device)
+    dtype = opts.dtype or ("bfloat16" if dist.device.type == "cuda" else "float32")
+    cfg = load_config(None, [f"models.dtype={dtype}", f"rollout.batch_size={opts.batch}", *opts.sets])
+    with tempfile.TemporaryDirectory(prefix="colocate-train-phases-") as tmp:
+        path = opts.model
+        if path is None:
+            path = str(Path(tmp) / opts.shape)
+            if dist.is_main:
+                log(f"building a random {opts.shape} model in {path}")
+                build_shaped_causal_lm(path, opts.shape, seed=opts.seed)
+            if dist.world_size > 1:  # every rank loads the folder rank 0 wrote (one node)
+                box = [path]
+                tdist.broadcast_object_list(box, src=0)
+                path = box[0]
+        start = time.perf_counter()
+        trainer = make_trainer(cfg, path, path, dist)
+        build_s = time.perf_counter() - start
+    vocab = trainer.actor.config.vocab_size
+    params = sum(p.numel() for p in trainer.actor.parameters())  # this rank's shard
+    steps = []
+    for i in range(opts.warmup + opts.steps):
+        batch = synthetic_batch(opts.batch, opts.prompt_tokens, opts.response_tokens, vocab, opts.seed + i)
+        rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device)
+        rec["warmup"] = i < opts.warmup
+        steps.append(rec)
+        if dist.is_main:
+            total = sum(rec["seconds"].values())
+            log(f"step {i + 1}/{opts.warmup + opts.steps}{' (warm-up)' if rec['warmup'] else ''}: "
+                f"{total:.2f} s " + " ".join(f"{k} {v:.2f}" for k, v in rec["seconds"].items()))
+    timed = [s for s in steps if not s["warmup"]] or steps
+    phases = {p: _spread([s["seconds"][p] for s in timed]) for p in PHASES}
+    phases["total"] = _spread([sum(s["seconds"].values()) for s in timed])
+    return {
+        "options": dataclasses.asdict(opts), "dtype": dtype, "world_size": dist.world_size,
+        "device": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "actor_params_per_rank": params, "build_s": build_s,
+        "ppo": {"epochs": cfg.ppo.epochs, "minibatches": cfg.ppo.minibatches},
+        "phases": phases, "steps": steps,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    o = result["options"]
+    name = o["model"] or o["shape"]
+    lines = [
+        f"## Trainer phases: {name} on {result['device']} (world {result['world_size']}, {result['dtype']})",
+        "",
+        f"batch {o['batch']} x ({o['prompt_tokens']} prompt + up to {o['response_tokens']} response tokens), "
+        f"PPO {result['ppo']['epochs']} epochs x {result['ppo']['minibatches']} minibatches, "
+        f"{len([s for s in result['steps'] if not s['warmup']])} timed steps after {o['warmup']} warm-up; "
+        f"actor parameters {result['actor_params_per_rank'] / 1e6:.1f} M per rank; torch {result['torch']}",
+        "",
+        "| phase | median s | min–max s |",
+        "| --- | ---: | ---: |",
+    ]
+    for phase, s in result["phases"].items():
+        lines.append(f"| {phase} | {s['median']:.3f} | {s['min']:.3f}–{s['max']:.3f} |")
+    last = result["steps"][-1]
+    before, after = last["memory_before_offload"], last["memory_after_offload"]
+    if before:
+        lines += [
+            "",
+            "| device memory (GiB, last step) | before offload | after offload | freed |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for key, label in (("allocated_gib", "allocated by torch"), ("reserved_gib", "reserved by torch"),
+                           ("device_free_gib", "free on the device")):
+            delta = after[key] - before[key] if key == "device_free_gib" else before[key] - after[key]
+            lines.append(f"| {label} | {before[key]:.2f} | {after[key]:.2f} | {delta:.2f} |")
+        lines.append(f"| peak allocated during the step | {last['peak_allocated_gib']:.2f} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from colocate.models import MODEL_SHAPES
+
+    ap = argparse.ArgumentParser(prog="python -m bench.train_phases", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Options()
+    ap.add_argument("--device", default=d.device, choices=["cuda", "cpu"])
+    ap.add_argument("--shape", default=d.shape, choices=sorted(MODEL_SHAPES))
+    ap.add_argument("--model", default=None, help="an HF model folder to use instead of a random --shape")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--batch", type=int, default=d.batch)
+    ap.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
+    ap.add_argument("--response-tokens", type=int, default=d.response_tokens)
+    ap.add_argument("--steps", type=int, default=d.steps)
+    ap.add_argument("--warmup", type=int, default=d.warmup)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override (ppo.*, models.dtype, ...); repeatable")
+    ap.add_argument("--out", default=None, help="folder for train_phases.json and train_phases.md")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device here; use --device cpu")
+    for field in ("batch", "prompt_tokens", "response_tokens", "steps"):
+        if getattr(a, field) < 1:
+            ap.error(f"--{field.replace('_', '-')} must be at least 1")
+    opts = Options(a.device, a.shape, a.model, a.dtype, a.batch, a.prompt_tokens, a.response_tokens, a.steps,
+                   a.warmup, a.seed, tuple(a.sets), a.out)
+    result = measure(opts)
+    import torch.distributed as tdist
+
+    if tdist.get_rank() == 0:
+        text = markdown(result)
+        print(text)
+        if opts.out:
+            out = Path(opts.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_phases.json").write_text(json.dumps(result, indent=1))
+            (out / "train_phases.md").write_text(text)
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
