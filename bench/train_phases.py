@@ -46,6 +46,7 @@ class Options:
     steps: int = 3
     warmup: int = 1
     seed: int = 0
+    host_offload: str = "pinned"  # or "pageable": module.to("cpu") each step
     sets: tuple[str, ...] = ()
     out: str | None = None
 
@@ -129,7 +130,8 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
 
     dist = init_distributed(opts.device)
     dtype = opts.dtype or ("bfloat16" if dist.device.type == "cuda" else "float32")
-    cfg = load_config(None, [f"models.dtype={dtype}", f"rollout.batch_size={opts.batch}", *opts.sets])
+    cfg = load_config(None, [f"models.dtype={dtype}", f"rollout.batch_size={opts.batch}",
+                             f"engines.host_offload={opts.host_offload}", *opts.sets])
     with tempfile.TemporaryDirectory(prefix="colocate-train-phases-") as tmp:
         path = opts.model
         if path is None:
@@ -164,6 +166,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         "device": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else "cpu",
         "torch": torch.__version__, "actor_params_per_rank": params, "build_s": build_s,
         "ppo": {"epochs": cfg.ppo.epochs, "minibatches": cfg.ppo.minibatches},
+        "host_offload": cfg.engines.host_offload, "pinned_host_gib": trainer.stash.pinned_bytes / GIB,
         "phases": phases, "steps": steps,
     }
 
@@ -177,7 +180,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"batch {o['batch']} x ({o['prompt_tokens']} prompt + up to {o['response_tokens']} response tokens), "
         f"PPO {result['ppo']['epochs']} epochs x {result['ppo']['minibatches']} minibatches, "
         f"{len([s for s in result['steps'] if not s['warmup']])} timed steps after {o['warmup']} warm-up; "
-        f"actor parameters {result['actor_params_per_rank'] / 1e6:.1f} M per rank; torch {result['torch']}",
+        f"actor parameters {result['actor_params_per_rank'] / 1e6:.1f} M per rank; torch {result['torch']}; "
+        f"offload to {result['host_offload']} host memory"
+        + (f" ({result['pinned_host_gib']:.1f} GiB pinned)" if result["pinned_host_gib"] else ""),
         "",
         "| phase | median s | min–max s |",
         "| --- | ---: | ---: |",
@@ -216,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--warmup", type=int, default=d.warmup)
     ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--host-offload", default=d.host_offload, choices=["pinned", "pageable"],
+                    help="CUDA offload into reused pinned buffers, or module.to('cpu') each step")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="config override (ppo.*, models.dtype, ...); repeatable")
     ap.add_argument("--out", default=None, help="folder for train_phases.json and train_phases.md")
@@ -226,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(a, field) < 1:
             ap.error(f"--{field.replace('_', '-')} must be at least 1")
     opts = Options(a.device, a.shape, a.model, a.dtype, a.batch, a.prompt_tokens, a.response_tokens, a.steps,
-                   a.warmup, a.seed, tuple(a.sets), a.out)
+                   a.warmup, a.seed, a.host_offload, tuple(a.sets), a.out)
     result = measure(opts)
     import torch.distributed as tdist
 

@@ -66,8 +66,9 @@ def _engines(cfg: Config, actor_path: str, reward_path: str | None):
     return actor, reward
 
 
-def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist):
-    """The PPO trainer (actor, reference, critic on FSDP2) with the settings of `cfg`."""
+def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
+    """The PPO trainer (actor, reference, critic on FSDP2) with the settings of `cfg`
+    (``settings``: `TrainerSettings` fields the config does not hold, e.g. ``micro_batch``)."""
     from trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
     p, o = cfg.ppo, cfg.overlap
@@ -79,7 +80,9 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist):
         whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
-        temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code), dist)
+        temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code,
+        host_offload=cfg.engines.host_offload, **settings),
+        dist)
 
 
 def _data(cfg: Config, tokenizer):

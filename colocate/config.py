@@ -88,6 +88,7 @@ class EnginesConfig:
     reward_max_total_tokens: int = 65536
     mem_fraction_static: float = 0.3
     sync_bucket_mb: int = 64
+    host_offload: Literal["pinned", "pageable"] = "pinned"  # CUDA: where the trainer sleeps between steps
     # CPU: torch threads of each engine's scheduler process. 0 (auto): all cores, except in
     # the streamed modes (intra, oppo) with the inline feeder, where the actor and reward
     # engines decode and prefill at the same time and get half the cores each.

@@ -39,6 +39,7 @@ from trainer.distributed import (
     shard_model,
 )
 from trainer.forward import agg_denominator, evaluate_rows, policy_forward, value_forward
+from trainer.offload import HostStash
 from trainer.optim import (
     build_adamw, full_training_state, guarded_step, load_training_state, move_optimizer_state,
 )
@@ -72,6 +73,7 @@ class TrainerSettings:
     max_staleness: int | None = None  # train only on tokens at most this many versions old
     temperature: float = 1.0  # sampling temperature the behaviour logprobs were taken at
     micro_batch: int = 8  # rows per forward pass (bounds activation memory)
+    host_offload: str = "pinned"  # CUDA offload target: reused page-locked buffers, or "pageable" (module.to)
     trust_remote_code: bool = False  # let transformers run code the model folders ship
 
     def __post_init__(self) -> None:
@@ -82,6 +84,7 @@ class TrainerSettings:
             "epochs": self.epochs >= 1,
             "minibatches": self.minibatches >= 1,
             "micro_batch": self.micro_batch >= 1,
+            "host_offload": self.host_offload in ("pinned", "pageable"),
             "temperature": self.temperature > 0,
             "is_cap": self.is_cap is None or self.is_cap > 0,
             "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
@@ -123,6 +126,7 @@ class PPOTrainer:
         self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
         self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
+        self.stash = HostStash()  # pinned host buffers of the CUDA offload, reused every step
 
     # ---------------------------------------------------------------- no-grad phases
 
@@ -288,24 +292,39 @@ class PPOTrainer:
         self.updates = dict(broadcast_object(state.get("updates"), self.dist))
 
     def offload(self) -> bool:
-        """CUDA: move actor, reference, critic and optimizer state to CPU and free the cache -> True.
+        """CUDA: move actor, reference, critic and optimizer state to host memory and free the
+        cache -> True (into reused pinned buffers unless ``host_offload="pageable"``).
 
         On CPU there is nothing to free: returns False and does nothing. Collective-free.
         """
-        return self._move("cpu")
+        if self.dist.device.type != "cuda":
+            return False
+        if self.settings.host_offload == "pinned":
+            self.stash.offload(self._models(), self._optimizers())
+        else:
+            self._move_plainly("cpu")
+        torch.cuda.empty_cache()
+        return True
 
     def onload(self) -> bool:
         """CUDA: move everything `offload` moved back to this rank's GPU -> True. CPU: False, no-op."""
-        return self._move(self.dist.device)
-
-    def _move(self, device: torch.device | str) -> bool:
         if self.dist.device.type != "cuda":
             return False
-        for model in (self.actor, self.ref, self.critic):
+        if self.settings.host_offload == "pinned":
+            self.stash.onload(self._models(), self._optimizers(), self.dist.device)
+        else:
+            self._move_plainly(self.dist.device)
+        return True
+
+    def _models(self) -> tuple[nn.Module, ...]:
+        return self.actor, self.ref, self.critic
+
+    def _optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return self.actor_optim, self.critic_optim
+
+    def _move_plainly(self, device: torch.device | str) -> None:
+        for model in self._models():
             model.to(device)
-        for optimizer in (self.actor_optim, self.critic_optim):
+        for optimizer in self._optimizers():
             move_optimizer_state(optimizer, device)
         torch.cuda.synchronize(self.dist.device)
-        if torch.device(device).type == "cpu":
-            torch.cuda.empty_cache()
-        return True

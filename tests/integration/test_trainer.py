@@ -302,20 +302,31 @@ def test_dist_info_world1(world1):
 # ---------------------------------------------------------------- CUDA (skipped on CPU-only machines)
 
 
-def _cuda_offload_worker(rank: int, init_method: str, actor_path: str) -> None:
+def _cuda_offload_worker(rank: int, init_method: str, actor_path: str, host_offload: str) -> None:
     info = init_distributed("cuda", rank=rank, world_size=1, init_method=init_method)
     try:
-        moved, kept = (PPOTrainer(settings_for(actor_path, device="cuda"), info) for _ in range(2))
+        moved, kept = (PPOTrainer(settings_for(actor_path, device="cuda", host_offload=host_offload), info)
+                       for _ in range(2))
+        for step in range(2):  # the second offload reuses the first one's host buffers
+            for trainer in (moved, kept):
+                ppo_step(trainer, rollout_batch(13 + step))
+            on_gpu = torch.cuda.memory_allocated()
+            before = moved.state_dict()
+            assert moved.offload() is True
+            assert torch.cuda.memory_allocated() < on_gpu
+            assert all(p.device.type == "cpu" for p in moved.actor.parameters())
+            state = moved.actor_optim.state[next(iter(moved.actor.parameters()))]
+            assert state["exp_avg"].device.type == "cpu"
+            if host_offload == "pinned":
+                assert all(p.to_local().is_pinned() for p in moved.critic.parameters())
+                assert state["exp_avg"].to_local().is_pinned()
+                assert moved.stash.pinned_bytes > 0
+            assert_same_tensors(before, moved.state_dict())  # nothing changed on the way out
+            assert moved.onload() is True
+            assert all(p.device.type == "cuda" for p in moved.actor.parameters())
+            assert state["exp_avg"].device.type == "cuda"
         for trainer in (moved, kept):
-            ppo_step(trainer, rollout_batch(13))
-        on_gpu = torch.cuda.memory_allocated()
-        assert moved.offload() is True
-        assert torch.cuda.memory_allocated() < on_gpu
-        assert all(p.device.type == "cpu" for p in moved.actor.parameters())
-        assert moved.onload() is True
-        assert all(p.device.type == "cuda" for p in moved.actor.parameters())
-        for trainer in (moved, kept):
-            ppo_step(trainer, rollout_batch(14))
+            ppo_step(trainer, rollout_batch(15))
         # CUDA backward kernels (embedding, index) are not bitwise deterministic
         assert_same_tensors(kept.state_dict(), moved.state_dict(), exact=False, rtol=1e-5, atol=1e-5)
     finally:
@@ -323,9 +334,10 @@ def _cuda_offload_worker(rank: int, init_method: str, actor_path: str) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_offload_onload_round_trip_on_cuda(tiny_actor_path):
+@pytest.mark.parametrize("host_offload", ["pinned", "pageable"])
+def test_offload_onload_round_trip_on_cuda(tiny_actor_path, host_offload):
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_cuda_offload_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)
+    mp.spawn(_cuda_offload_worker, args=(init_method, tiny_actor_path, host_offload), nprocs=1, join=True)
 
 
 def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> None:
