@@ -7,6 +7,7 @@ import pytest
 from colocate import api
 from colocate.config import load_config
 from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.rollout_phase import response_budget
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +31,15 @@ def config(models, out_dir, *extra):
 
 @pytest.mark.parametrize("mode", ["intra", "inter", "oppo"])
 def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
+    # Long-tailed budgets (seed 0): step 1 launches budgets [33, 55, 128, 9, 9, 1, 17], so the
+    # first B=4 finish by token 17 while the 128-token request is still far from done and
+    # must be carried as a partial (with fixed budgets all 7 could finish before the abort).
     cfg = config(models, tmp_path / mode, f"overlap.mode={mode}", "run.steps=3",
-                 "overlap.delta_init=3", "overlap.delta_adaptive=false", "overlap.chunk_size=8")
+                 "overlap.delta_init=3", "overlap.delta_adaptive=false", "overlap.chunk_size=8",
+                 "rollout.max_new_tokens=128", "rollout.length_dist=lognormal", "rollout.length_median=8",
+                 "rollout.length_sigma=1.5", "rollout.ignore_eos=true")
+    budgets = sorted(response_budget(cfg.rollout, cfg.run.seed, p) for p in range(7))
+    assert budgets[-1] >= 4 * budgets[3], budgets  # the premise above
     summary = api.train(cfg, quiet=True)
     hist = summary.history
     assert [h["step"] for h in hist] == [1, 2, 3]
