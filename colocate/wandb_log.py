@@ -64,5 +64,10 @@ class WandbRun:
         self._run.log(scalars, step=int(record.get("step", 0)))
 
     def finish(self, summary: dict[str, Any]) -> None:
+        import wandb
+
         self._run.summary.update(summary)
         self._run.finish()
+        # Stop W&B's service process now, while it is surely alive: left to W&B's exit hook,
+        # the teardown fails noisily when the service was already gone by then.
+        wandb.teardown()
