@@ -118,7 +118,7 @@ class OverlapConfig:
     staleness: Literal["is", "mask"] = "is"  # truncated importance sampling | mask old tokens
     is_cap: float = 2.0
     max_staleness: int = 1  # mask: train on tokens at most this many versions old
-    drop_staleness: int = 4  # a partial whose oldest token is older is dropped
+    drop_staleness: int = 4  # a deferred sample (partial or complete) whose oldest token is older is dropped
 
     @property
     def streamed(self) -> bool:

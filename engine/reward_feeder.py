@@ -36,7 +36,9 @@ class RewardFeeder:
         self._scorers: dict[tuple[int, int], rm.IncrementalScorer] = {}
         self._tails: dict[tuple[int, int], asyncio.Future] = {}
         self._prompt_len: dict[tuple[int, int], int] = {}
+        self._step: int | None = None  # step of the latest chunk
         self.chunks_seen = 0
+        self.forgotten = 0  # requests dropped unfinished (aborted by the step's cut)
         self.scored = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -52,6 +54,9 @@ class RewardFeeder:
                         break
                     if isinstance(msg, TokenChunk):
                         self.chunks_seen += 1
+                        if msg.step != self._step:  # a new step: the last one's leftovers are dead
+                            self._forget_other_steps(msg.step)
+                            self._step = msg.step
                         for chunk in self._reorder.push(msg):
                             self._schedule(chunk, tx)
                 pending = [t for t in self._tails.values() if not t.done()]
@@ -61,6 +66,24 @@ class RewardFeeder:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+
+    def _forget_other_steps(self, step: int) -> None:
+        """Drop the state of every request of another step. A step's client awaits the
+        scores of all its finished requests before the next step sends anything, and one
+        ZeroMQ socket keeps the sender's order, so what is left of other steps are requests
+        the step's cut aborted: their final chunk never comes."""
+        self._reorder.forget_other_steps(step)
+        for key in [k for k in self._scorers.keys() | self._tails.keys() if k[0] != step]:
+            tail = self._tails.pop(key, None)
+            if tail is not None and not tail.done():
+                tail.cancel()
+            self._scorers.pop(key, None)
+            self._prompt_len.pop(key, None)
+            self.forgotten += 1
+
+    def open_requests(self) -> int:
+        """Requests the feeder holds scoring state for (bounded by one step's B+Δ)."""
+        return len(self._scorers.keys() | self._tails.keys()) + self._reorder.tracked()
 
     async def _heartbeats(self, tx: AsyncSender, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -75,6 +98,8 @@ class RewardFeeder:
     async def _score_after(self, prev: asyncio.Future | None, chunk: TokenChunk, tx: AsyncSender) -> None:
         if prev is not None:
             await asyncio.shield(prev)
+        if chunk.step != self._step:  # forgotten: an aborted request of an earlier step
+            return
         key = (chunk.step, chunk.index)
         if chunk.seq == 0:
             self._scorers[key] = rm.IncrementalScorer(

@@ -94,12 +94,16 @@ class Reorderer:
         """Open requests with chunks held back, each with the ``seq`` it is waiting for."""
         return {k: self._next.get(k, 0) for k, held in self._held.items() if held}
 
-    def forget_before(self, step: int) -> int:
-        """Drop all state of requests of steps before ``step``; returns how many were
-        still open (their missing chunks will never be delivered)."""
-        open_keys = {k for k in set(self._held) | set(self._next) if k[0] < step}
+    def forget_other_steps(self, step: int) -> int:
+        """Drop all state of requests of steps other than ``step``; returns how many were
+        still open (aborted requests: their missing chunks will never be delivered)."""
+        open_keys = {k for k in set(self._held) | set(self._next) if k[0] != step}
         for k in open_keys:
             self._held.pop(k, None)
             self._next.pop(k, None)
-        self._closed = {k for k in self._closed if k[0] >= step}
+        self._closed = {k for k in self._closed if k[0] == step}
         return len(open_keys)
+
+    def tracked(self) -> int:
+        """Requests this reorderer holds any state for (open or closed)."""
+        return len(set(self._held) | set(self._next) | self._closed)

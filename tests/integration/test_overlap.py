@@ -71,6 +71,41 @@ def test_cut_defers_partials_that_resume_exactly(actor_engine, reward_engine):
         assert len(s.output_ids) == len(s.logprobs) == len(s.versions) == s.max_new_tokens
 
 
+def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
+    """A streamed step cut after B=1 leaves three aborted requests in the feeder, half
+    scored; the next step's first chunk drops them, and that step still scores right."""
+    loop = actor_engine.loop
+    prompts = _prompts(4)
+    with tempfile.TemporaryDirectory() as tmp:
+        chunks, results = f"ipc://{tmp}/c", f"ipc://{tmp}/r"
+        feeder = RewardFeeder(reward_engine, chunks, results)
+        stop = asyncio.Event()
+        task = loop.create_task(feeder.run(stop))
+        client = ScoreClient(chunks, results, timeout_s=30)
+
+        async def go():
+            async with client:
+                cut = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, [6, 64, 64, 64]))]
+                first = await oppo.run_step(actor_engine, cut, GREEDY, 1, client=client, chunk=4, cut_after=1)
+                left = feeder.open_requests()
+                second = await oppo.run_step(actor_engine, first.unfinished, GREEDY, 2, client=client, chunk=4)
+                stop.set()
+                await task
+                return first, left, second
+
+        first, left_after_cut, second = loop.run_until_complete(go())
+    assert len(first.completed) == 1 and len(first.unfinished) == 3
+    assert left_after_cut >= 3  # the aborted requests' scorers / reorder state, still held
+    assert feeder.forgotten == 3
+    # after step 2 only its own (closed) requests remain: nothing of step 1
+    assert feeder.open_requests() == 3
+    assert len(second.completed) == 3
+    after = loop.run_until_complete(reward.score_many(
+        reward_engine, [s.prompt_ids + s.output_ids for s in second.completed], "after-cut"))
+    for s, want in zip(second.completed, after):
+        assert second.scores[s.index] == pytest.approx(want, abs=1e-5)
+
+
 @pytest.mark.parametrize("how,needle", [("SIGKILL", "reward feeder"), ("SIGSTOP", "stopped answering")])
 def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_rm_path, tmp_path, how, needle):
     """SIGKILL: the feeder is gone; SIGSTOP: it is alive but silent (a hang). Either way the

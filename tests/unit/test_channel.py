@@ -94,14 +94,18 @@ def test_reorderer_releases_shuffled_chunks_in_seq_order():
     assert len(released) == 15 and ro.discarded == 4 and ro.pending() == {}
 
 
-def test_reorderer_reports_gaps_and_forgets_old_steps():
+def test_reorderer_reports_gaps_and_forgets_other_steps():
     ro = Reorderer()
     assert ro.push(TokenChunk(0, 0, 2, None, [1], False)) == []
     assert ro.push(TokenChunk(0, 1, 0, [1], [1], False)) != []
     assert ro.pending() == {(0, 0): 0}
-    assert ro.forget_before(1) == 2 and ro.pending() == {}
+    done = TokenChunk(1, 5, 0, [1], [1], True)
+    assert ro.push(done) == [done] and ro.tracked() == 3
+    assert ro.forget_other_steps(1) == 2 and ro.pending() == {} and ro.tracked() == 1
+    assert ro.push(done) == [] and ro.discarded == 1  # step 1 kept: its closed request stays closed
     late = TokenChunk(0, 2, 0, [1], [1], True)
-    assert ro.push(late) == [late] and ro.push(late) == [] and ro.discarded == 1
+    assert ro.push(late) == [late] and ro.push(late) == [] and ro.discarded == 2
+    assert ro.forget_other_steps(2) == 0 and ro.tracked() == 0
 
 
 def test_oversized_frames_are_refused_and_counted(ipc_endpoint):
