@@ -29,37 +29,46 @@ def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
     sequential and inter modes they never compute at the same time (and the trainer only
     runs while both idle); in intra/oppo with the inline feeder the actor decodes while the
     reward engine prefills chunks, so each gets half the cores instead of both spinning
-    OpenMP threads on all of them (oversubscription)."""
+    OpenMP threads on all of them (oversubscription); the same with the feeder's own
+    process, whose reward engine prefills while the actor decodes."""
     e = cfg.engines
-    concurrent = cfg.overlap.streamed and cfg.overlap.feeder == "inline"
-    auto = max(1, cores // 2) if concurrent else cores
+    auto = max(1, cores // 2) if cfg.overlap.streamed else cores
     return e.actor_threads or auto, e.reward_threads or auto
+
+
+def engine_configs(cfg: Config, actor_path: str, reward_path: str | None):
+    """(actor, reward) `EngineConfig`s of ``cfg``; reward is None without a reward model."""
+    import os
+
+    from engine.runtime import EngineConfig
+
+    e = cfg.engines
+    actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
+    common = dict(device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
+                  mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
+                  trust_remote_code=cfg.models.trust_remote_code)
+    actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
+                         threads=actor_threads, **common)
+    reward = None if reward_path is None else EngineConfig(
+        reward_path, role="reward", max_total_tokens=e.reward_max_total_tokens, threads=reward_threads, **common)
+    return actor, reward
+
+
+def own_feeder(cfg: Config) -> bool:
+    """Whether the reward model is served by the feeder's own process, not in this one."""
+    return cfg.overlap.streamed and cfg.overlap.feeder == "process"
 
 
 def _engines(cfg: Config, actor_path: str, reward_path: str | None):
     """Actor engine, and the reward engine unless a feeder process hosts its own."""
-    import os
+    from engine.runtime import SglangEngine
 
-    from engine.runtime import EngineConfig, SglangEngine
-
-    e = cfg.engines
-    actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
-    actor = SglangEngine(
-        EngineConfig(actor_path, role="actor", device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
-                     max_total_tokens=e.actor_max_total_tokens, mem_fraction_static=e.mem_fraction_static,
-                     log_level=e.log_level, trust_remote_code=cfg.models.trust_remote_code,
-                     threads=actor_threads),
-        field="models.actor")
+    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path)
+    actor = SglangEngine(actor_cfg, field="models.actor")
     reward = None
-    own_feeder = cfg.overlap.streamed and cfg.overlap.feeder == "process"
-    if reward_path is not None and not own_feeder:
+    if reward_cfg is not None and not own_feeder(cfg):
         try:
-            reward = SglangEngine(
-                EngineConfig(reward_path, role="reward", device=e.device, dtype=cfg.models.dtype,
-                             seed=cfg.run.seed, max_total_tokens=e.reward_max_total_tokens,
-                             mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
-                             trust_remote_code=cfg.models.trust_remote_code, threads=reward_threads),
-                field="models.reward")
+            reward = SglangEngine(reward_cfg, field="models.reward")
         except BaseException:
             actor.shutdown()
             raise
@@ -158,7 +167,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if dist.rank == 0 and cfg.overlap.mode != "sequential":
             from colocate.overlap_phase import Overlap
 
-            overlap = Overlap(cfg, actor, reward, reward_path, log, reward_fns=fns,
+            feeder_engine = engine_configs(cfg, actor_path, reward_path)[1] if own_feeder(cfg) else None
+            overlap = Overlap(cfg, actor, reward, feeder_engine, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,

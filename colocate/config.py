@@ -90,8 +90,8 @@ class EnginesConfig:
     sync_bucket_mb: int = 64
     host_offload: Literal["pinned", "pageable"] = "pinned"  # CUDA: where the trainer sleeps between steps
     # CPU: torch threads of each engine's scheduler process. 0 (auto): all cores, except in
-    # the streamed modes (intra, oppo) with the inline feeder, where the actor and reward
-    # engines decode and prefill at the same time and get half the cores each.
+    # the streamed modes (intra, oppo), where the actor and reward engines (inline or the
+    # feeder process's own) decode and prefill at the same time and get half the cores each.
     actor_threads: int = 0
     reward_threads: int = 0
     log_level: str = "error"

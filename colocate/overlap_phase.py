@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from engine.reward_feeder import RewardFeeder
 from engine.rollout import Sample
 from engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
-from engine.runtime import run_guarded
+from engine.runtime import EngineConfig, run_guarded
 from engine.streamed import FeederLostError, ScoreClient
 
 
@@ -52,7 +53,7 @@ def _scheduler_config(cfg: Config) -> SchedulerConfig:
 class Overlap:
     """Scheduler + tuner + feeder for one run (rank 0)."""
 
-    def __init__(self, cfg: Config, actor, reward_engine, reward_path: str | None, log=print, *,
+    def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         self.reward_fns, self.decode = list(reward_fns), decode
@@ -67,20 +68,21 @@ class Overlap:
         self.client: ScoreClient | None = None
         self._feeder_task = self._feeder_proc = None
         if o.streamed:
-            self._start_feeder(reward_path, log)
+            self._start_feeder(feeder_engine, log)
 
     # ---- feeder lifetime ---------------------------------------------------------
-    def _start_feeder(self, reward_path: str | None, log) -> None:
+    def _start_feeder(self, feeder_engine: EngineConfig | None, log) -> None:
+        """``feeder_engine``: the reward engine a feeder process starts for itself
+        (``overlap.feeder=process``); None: the feeder scores on ``self.reward_engine``."""
         chunks = f"ipc://{self._tmp.name}/chunks"
         results = f"ipc://{self._tmp.name}/results"
         self.client = ScoreClient(chunks, results, timeout_s=self.cfg.overlap.feeder_timeout_s)
         loop = self.actor.loop
         loop.run_until_complete(self.client.__aenter__())
-        if self.cfg.overlap.feeder == "process":
-            cmd = [sys.executable, "-m", "engine.reward_feeder", "--model", reward_path,
-                   "--chunks", chunks, "--results", results]
-            if self.cfg.models.trust_remote_code:
-                cmd.append("--trust-remote-code")
+        if feeder_engine is not None:
+            cmd = [sys.executable, "-m", "engine.reward_feeder", "--model", feeder_engine.model_path,
+                   "--chunks", chunks, "--results", results,
+                   "--engine-json", json.dumps(dataclasses.asdict(feeder_engine))]
             self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
             log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
             self._wait_first_heartbeat()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import time
 
 from engine import reward as rm
@@ -124,12 +125,18 @@ def main() -> None:
     ap.add_argument("--results", required=True, help="endpoint to connect for score results")
     ap.add_argument("--max-total-tokens", type=int, default=65536)
     ap.add_argument("--trust-remote-code", action="store_true", help="run code the model folder ships")
+    ap.add_argument("--engine-json", default=None,
+                    help="every EngineConfig field as JSON (how colocate starts it); the flags above then only name the model")
     args = ap.parse_args()
     from engine.runtime import EngineConfig, SglangEngine
 
-    engine = SglangEngine(EngineConfig(args.model, role="reward", max_total_tokens=args.max_total_tokens,
-                                       trust_remote_code=args.trust_remote_code),
-                          field="--model")
+    if args.engine_json:
+        fields = {**json.loads(args.engine_json), "model_path": args.model, "role": "reward"}
+        config = EngineConfig(**fields)
+    else:
+        config = EngineConfig(args.model, role="reward", max_total_tokens=args.max_total_tokens,
+                              trust_remote_code=args.trust_remote_code)
+    engine = SglangEngine(config, field="--model")
     try:
         feeder = RewardFeeder(engine, args.chunks, args.results)
         engine.loop.run_until_complete(feeder.run())

@@ -156,17 +156,25 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
-def _start_error(cfg: EngineConfig, exc: BaseException) -> EngineStartError:
+MEMORY_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "memoryerror")
+
+
+def start_error(cfg: EngineConfig, exc: BaseException) -> EngineStartError:
+    """A one-line `EngineStartError` with a hint read from SGLang's start-up failure."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     low = text.lower()
     if "duplicated timeseries" in low:
         hint = "another engine in this process already has SGLang metrics on; set enable_metrics=False"
-    elif "memory" in low or "oom" in low or "exit code: -9" in low:
+    elif "exit code: -9" in low or any(m in low for m in MEMORY_MARKERS):
+        # SGLang's generic "scheduler died" text names "the OS OOM killer" as a common cause
+        # whatever the exit code, so only a SIGKILL or an explicit memory error counts here
         hint = "not enough memory: lower max_total_tokens / mem_fraction_static or use a smaller model"
     elif "not supported" in low or "architecture" in low:
         hint = "SGLang does not support this architecture"
+    elif "died during initialization" in low:
+        hint = "its scheduler process failed while starting; set engines.log_level=info for SGLang's own error"
     else:
-        hint = "set log_level=info for SGLang's own log"
+        hint = "set engines.log_level=info for SGLang's own log"
     return EngineStartError(f"could not start the {cfg.label}: {hint} ({text[:200]})")
 
 
@@ -185,7 +193,7 @@ class SglangEngine:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0):
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
-            raise _start_error(cfg, exc) from None
+            raise start_error(cfg, exc) from None
         self.start_seconds = time.perf_counter() - started
         self._model_name = _server_kwargs(cfg, platform.device)["model_path"]
         self._child_pids = list(self._engine.get_all_child_pids())

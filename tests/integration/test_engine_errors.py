@@ -32,3 +32,25 @@ def test_engine_that_cannot_start_gives_one_line(tiny_actor_path):
     with pytest.raises(EngineStartError) as e:
         SglangEngine(cfg, field="models.actor")
     assert "\n" not in str(e.value) and "could not start the actor engine" in str(e.value)
+
+
+# SGLang's own text when a scheduler child dies while starting (sglang 0.5.x engine.py)
+_DIED = ("Rank 0 scheduler died during initialization (exit code: {code}). If exit code is -9 "
+         "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.")
+
+
+@pytest.mark.parametrize("text,hint", [
+    (_DIED.format(code=-9), "not enough memory"),
+    (_DIED.format(code=1), "its scheduler process failed while starting; set engines.log_level=info"),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", "not enough memory"),
+    ("Not enough memory. Please try to increase --mem-fraction-static.", "not enough memory"),
+    ("Qwen9ForCausalLM architecture not supported", "SGLang does not support this architecture"),
+])
+def test_start_failures_get_the_hint_that_fits(text, hint):
+    """A scheduler that died with exit code 1 is a Python error in SGLang, not memory, even
+    though SGLang's message mentions the OOM killer."""
+    from engine.runtime import start_error
+
+    err = start_error(EngineConfig("/models/a", role="actor"), RuntimeError(text))
+    assert str(err).startswith(f"could not start the actor engine (/models/a): {hint}")
+    assert "\n" not in str(err)

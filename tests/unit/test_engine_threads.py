@@ -1,10 +1,13 @@
-"""CPU thread budget of the engines' scheduler processes, per mode."""
+"""CPU thread budget of the engines' scheduler processes, per mode; the engine configs."""
 
 from __future__ import annotations
 
 import pytest
 
-from colocate.builder import engine_threads
+import dataclasses
+import json
+
+from colocate.builder import engine_configs, engine_threads
 from colocate.config import load_config
 
 
@@ -13,7 +16,7 @@ from colocate.config import load_config
     ("inter", "inline", 2, (2, 2)),        # actor and reward engine never busy together
     ("intra", "inline", 2, (1, 1)),        # decode and chunk prefill at the same time
     ("oppo", "inline", 8, (4, 4)),
-    ("oppo", "process", 8, (8, 8)),        # the feeder process starts its own engine
+    ("oppo", "process", 8, (4, 4)),        # the feeder process's own engine prefills beside decode
     ("oppo", "inline", 1, (1, 1)),
 ])
 def test_auto_budget(mode, feeder, cores, expected):
@@ -24,3 +27,18 @@ def test_auto_budget(mode, feeder, cores, expected):
 def test_explicit_budget_wins():
     cfg = load_config(overrides=["overlap.mode=oppo", "engines.actor_threads=3", "engines.reward_threads=1"])
     assert engine_threads(cfg, 8) == (3, 1)
+
+
+def test_reward_engine_config_carries_the_run_settings_and_survives_json():
+    """The feeder process gets its reward engine's config as JSON (``--engine-json``)."""
+    from engine.runtime import EngineConfig
+
+    cfg = load_config(overrides=["overlap.mode=oppo", "overlap.feeder=process", "models.dtype=bfloat16",
+                                 "run.seed=7", "engines.reward_max_total_tokens=4096",
+                                 "engines.reward_threads=1", "engines.log_level=info"])
+    actor, reward = engine_configs(cfg, "/models/a", "/models/r")
+    assert (reward.model_path, reward.role, reward.dtype, reward.seed) == ("/models/r", "reward", "bfloat16", 7)
+    assert (reward.max_total_tokens, reward.threads, reward.log_level) == (4096, 1, "info")
+    assert actor.role == "actor" and actor.max_total_tokens == cfg.engines.actor_max_total_tokens
+    assert EngineConfig(**json.loads(json.dumps(dataclasses.asdict(reward)))) == reward
+    assert engine_configs(cfg, "/models/a", None)[1] is None
