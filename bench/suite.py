@@ -93,14 +93,30 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
     return data
 
 
+def environment() -> dict[str, str]:
+    """Where and on what the numbers were taken: date, commit, versions, device, cores."""
+    from colocate.doctor import collect_facts
+
+    root = Path(__file__).resolve().parents[1]
+    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
+    facts = collect_facts()
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "commit": git.stdout.strip() if git.returncode == 0 else "unknown (not a git checkout)",
+            **{k: facts[k] for k in ("device", "cpu cores (torch threads)", "sglang", "torch", "transformers")}}
+
+
 def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     preset = _preset(opts)
     out = Path(opts.out_dir or f"runs/bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     actor, rm = _models(preset, out)
+    env = environment()
     results: dict[str, Any] = {"preset": dataclasses.asdict(preset), "options": dataclasses.asdict(opts),
-                               "models": {"actor": actor, "reward": rm}, "workloads": {}}
+                               "environment": env, "models": {"actor": actor, "reward": rm}, "workloads": {}}
     sections = [f"# colocate bench — preset `{preset.name}`", "",
+                f"{env['date']}, commit `{env['commit']}`; {env['device']}, "
+                f"{env['cpu cores (torch threads)']} torch threads; sglang {env['sglang']}, "
+                f"torch {env['torch']}, transformers {env['transformers']}.", "",
                 f"models: actor `{actor}`, reward `{rm}`; batch {preset.batch_size}; "
                 f"{preset.repeats} repeats × {preset.steps} measured steps per mode (after 1 warm-up), "
                 f"modes interleaved in rotated order; chunk {opts.chunk_size}, Δ {opts.delta}.", ""]

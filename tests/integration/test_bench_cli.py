@@ -20,6 +20,9 @@ def test_bench_quick_writes_table_json_and_plots(tmp_path):
     report = (out / "report.md").read_text()
     assert "| sequential |" in report and "| oppo |" in report and "vs sequential" in report
     data = json.loads((out / "results.json").read_text())
+    env = data["environment"]
+    assert env["commit"] and env["sglang"] and env["device"].startswith("cpu")
+    assert f"commit `{env['commit']}`" in report
     summary = data["workloads"]["short"]["summary"]
     assert summary["oppo"]["vs_sequential"]["n"] == 1 and summary["oppo"]["trained_samples_per_s"]["median"] > 0
     for png in ("short_timeline.png", "short_reward.png"):

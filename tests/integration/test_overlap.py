@@ -22,24 +22,34 @@ def _prompts(n):
     return [[1] + [10 + (7 * i + j) % 200 for j in range(5 + 3 * i)] for i in range(n)]
 
 
-def test_streamed_rewards_equal_scoring_after_generation(actor_engine, reward_engine):
-    loop = actor_engine.loop
+def _with_feeder(loop, reward_engine, body):
+    """Runs `await body(feeder, client)` with an in-loop RewardFeeder on fresh ipc sockets,
+    stops the feeder after, and returns (feeder, what body returned)."""
     with tempfile.TemporaryDirectory() as tmp:
         chunks, results = f"ipc://{tmp}/c", f"ipc://{tmp}/r"
         feeder = RewardFeeder(reward_engine, chunks, results)
         stop = asyncio.Event()
         task = loop.create_task(feeder.run(stop))
-        client = ScoreClient(chunks, results, timeout_s=30)
 
         async def go():
-            async with client:
-                samples = [Sample(i, p, 10 + 5 * i) for i, p in enumerate(_prompts(4))]
-                res = await oppo.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4)
+            try:
+                async with ScoreClient(chunks, results, timeout_s=30) as client:
+                    return await body(feeder, client)
+            finally:
                 stop.set()
                 await task
-                return samples, res
 
-        samples, res = loop.run_until_complete(go())
+        return feeder, loop.run_until_complete(go())
+
+
+def test_streamed_rewards_equal_scoring_after_generation(actor_engine, reward_engine):
+    loop = actor_engine.loop
+    samples = [Sample(i, p, 10 + 5 * i) for i, p in enumerate(_prompts(4))]
+
+    async def body(feeder, client):
+        return await oppo.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4)
+
+    feeder, res = _with_feeder(loop, reward_engine, body)
     assert len(res.completed) == 4 and not res.unfinished
     after = loop.run_until_complete(
         reward.score_many(reward_engine, [s.prompt_ids + s.output_ids for s in samples], "after"))
@@ -75,25 +85,15 @@ def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
     """A streamed step cut after B=1 leaves three aborted requests in the feeder, half
     scored; the next step's first chunk drops them, and that step still scores right."""
     loop = actor_engine.loop
-    prompts = _prompts(4)
-    with tempfile.TemporaryDirectory() as tmp:
-        chunks, results = f"ipc://{tmp}/c", f"ipc://{tmp}/r"
-        feeder = RewardFeeder(reward_engine, chunks, results)
-        stop = asyncio.Event()
-        task = loop.create_task(feeder.run(stop))
-        client = ScoreClient(chunks, results, timeout_s=30)
+    cut = [Sample(i, p, b) for i, (p, b) in enumerate(zip(_prompts(4), [6, 64, 64, 64]))]
 
-        async def go():
-            async with client:
-                cut = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, [6, 64, 64, 64]))]
-                first = await oppo.run_step(actor_engine, cut, GREEDY, 1, client=client, chunk=4, cut_after=1)
-                left = feeder.open_requests()
-                second = await oppo.run_step(actor_engine, first.unfinished, GREEDY, 2, client=client, chunk=4)
-                stop.set()
-                await task
-                return first, left, second
+    async def body(feeder, client):
+        first = await oppo.run_step(actor_engine, cut, GREEDY, 1, client=client, chunk=4, cut_after=1)
+        left = feeder.open_requests()
+        second = await oppo.run_step(actor_engine, first.unfinished, GREEDY, 2, client=client, chunk=4)
+        return first, left, second
 
-        first, left_after_cut, second = loop.run_until_complete(go())
+    feeder, (first, left_after_cut, second) = _with_feeder(loop, reward_engine, body)
     assert len(first.completed) == 1 and len(first.unfinished) == 3
     assert left_after_cut >= 3  # the aborted requests' scorers / reorder state, still held
     assert feeder.forgotten == 3
