@@ -57,6 +57,10 @@ class Summary:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
 
+    def export_actor(self, out: str | Path | None = None) -> Path:
+        """The trained actor of the newest checkpoint as an HF folder (see `export_actor`)."""
+        return export_actor(self.out_dir, out)
+
     def describe(self) -> str:
         if not self.history:
             return f"no steps run; output in {self.out_dir}"
@@ -109,6 +113,23 @@ def _signals_stop(stop: StopRequest, loop=None):
     finally:
         for sig in sigs:
             signal.signal(sig, old[sig])
+
+
+def export_actor(run: str | Path, out: str | Path | None = None) -> Path:
+    """The trained actor of a run's newest checkpoint (or of one ``step_*`` checkpoint) as
+    an HF folder that transformers and SGLang load; default ``<run>/export/actor_step_*``."""
+    from colocate.export import export_actor as export
+
+    return export(run, out)
+
+
+def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
+    """Responses of ``model`` (a run folder, checkpoint, model folder or alias) to ``prompts``
+    -> ``colocate.sample.Generation`` items; ``options``: `colocate.sample.SampleOptions` fields
+    (max_new_tokens, temperature, top_p, seed, device, dtype, chat)."""
+    from colocate.sample import SampleOptions, generate as sample
+
+    return sample(str(model), list(prompts), SampleOptions(**options))
 
 
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),

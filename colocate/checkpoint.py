@@ -61,8 +61,9 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def latest(path: Path) -> Path:
-    """``path`` itself if it is a checkpoint, else its newest valid ``step_*`` child."""
+def latest(path: Path, what: str = "--resume") -> Path:
+    """``path`` itself if it is a checkpoint, else its newest valid ``step_*`` child
+    (``what``: the option or command named in the error)."""
     path = Path(path)
     if (path / MANIFEST).is_file():
         return path
@@ -70,16 +71,18 @@ def latest(path: Path) -> Path:
     for cand in sorted(root.glob("step_*"), reverse=True):
         if (cand / MANIFEST).is_file():
             return cand
-    raise CheckpointError(f"--resume: no checkpoint under '{path}' (expected step_*/manifest.json)")
+    raise CheckpointError(f"{what}: no checkpoint under '{path}' (expected step_*/manifest.json)")
 
 
-def load(path: Path) -> tuple[int, dict[str, Any]]:
-    """Verify and load a checkpoint folder; returns (step, parts)."""
+def load(path: Path, only: tuple[str, ...] | None = None, what: str = "--resume") -> tuple[int, dict[str, Any]]:
+    """Verify and load a checkpoint folder (``only``: just these parts) -> (step, parts)."""
     manifest = json.loads((path / MANIFEST).read_text())
     parts = {}
     for fname, digest in manifest["files"].items():
+        if only is not None and fname[: -len(".pt")] not in only:
+            continue
         fpath = path / fname
         if not fpath.is_file() or _sha256(fpath) != digest:
-            raise CheckpointError(f"--resume: checkpoint '{path}' is corrupt ({fname} fails its checksum)")
+            raise CheckpointError(f"{what}: checkpoint '{path}' is corrupt ({fname} fails its checksum)")
         parts[fname[: -len(".pt")]] = torch.load(fpath, map_location="cpu", weights_only=False)
     return int(manifest["step"]), parts

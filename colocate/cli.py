@@ -12,6 +12,7 @@ import sys
 import click
 
 from colocate.errors import ColocateError
+from colocate.sample import SampleOptions
 
 
 def _friendly(fn):
@@ -39,6 +40,7 @@ def main() -> None:
       colocate doctor          # check the machine, start a tiny engine
       colocate prepare         # convert SmolLM2 + build the default reward model (once)
       colocate train           # PPO on the default sentiment task
+      colocate generate runs/default --prompt "Hi!"   # sample the trained actor
     """
 
 
@@ -117,6 +119,67 @@ def prepare(skip_rm):
 
     for name, path in api.prepare(with_reward_model=not skip_rm).items():
         click.echo(f"{name}: {path}")
+
+
+@main.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder to write (default: RUN/export/actor_step_XXXXXXXX).")
+@_friendly
+def export(run, out):
+    """Write the trained actor of RUN's newest checkpoint (or of one checkpoint folder
+    step_*) as a Hugging Face folder that transformers and SGLang load.
+
+    \b
+    Examples:
+      colocate export runs/default
+      colocate export runs/default/checkpoints/step_00000010 --out my-actor
+    """
+    from colocate import api
+
+    click.echo(api.export_actor(run, out))
+
+
+_SAMPLE = SampleOptions()
+
+
+@main.command()
+@click.argument("model")
+@click.option("--prompt", "prompts", multiple=True, metavar="TEXT", help="A prompt (repeatable).")
+@click.option("--prompts-file", type=click.File("r"), default=None,
+              help="A text file with one prompt per line (blank lines skipped).")
+@click.option("--max-new-tokens", type=int, default=_SAMPLE.max_new_tokens, show_default=True)
+@click.option("--temperature", type=float, default=_SAMPLE.temperature, show_default=True, help="0: greedy.")
+@click.option("--top-p", type=float, default=_SAMPLE.top_p, show_default=True)
+@click.option("--seed", type=int, default=_SAMPLE.seed, show_default=True)
+@click.option("--device", default=_SAMPLE.device, show_default=True, help="auto | cpu | cuda")
+@click.option("--dtype", default=_SAMPLE.dtype, show_default=True)
+@click.option("--no-chat", is_flag=True, help="Send the prompt text as is, without the chat template.")
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per prompt instead of text.")
+@_friendly
+def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, seed, device, dtype, no_chat,
+             as_jsonl):
+    """Sample responses from MODEL: a run folder or checkpoint (its trained actor is
+    exported once into RUN/export/), a model folder, or `smollm2`.
+
+    \b
+    Examples:
+      colocate generate runs/default --prompt "What do you think of Mondays?"
+      colocate generate smollm2 --prompts-file prompts.txt --temperature 0.7 --jsonl
+    """
+    import dataclasses
+    import json
+
+    from colocate import api
+
+    texts = list(prompts) + ([line.strip() for line in prompts_file if line.strip()] if prompts_file else [])
+    out = api.generate(model, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                       seed=seed, device=device, dtype=dtype, chat=not no_chat)
+    for g in out:
+        if as_jsonl:
+            click.echo(json.dumps(dataclasses.asdict(g)))
+        else:
+            click.echo(f"### {g.prompt}\n{g.response}\n[{len(g.token_ids)} tokens, {g.finish_reason}]\n")
 
 
 @main.command()

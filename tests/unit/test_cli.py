@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from colocate.cli import main
 
 
-@pytest.mark.parametrize("cmd", [[], ["train"], ["bench"], ["doctor"], ["prepare"]])
+@pytest.mark.parametrize("cmd", [[], ["train"], ["bench"], ["doctor"], ["prepare"], ["export"], ["generate"]])
 def test_help_everywhere(cmd):
     result = CliRunner().invoke(main, [*cmd, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output

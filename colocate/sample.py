@@ -1,0 +1,103 @@
+"""Sampling from a model with the SGLang actor engine: `colocate generate` and `api.generate`.
+
+Owns: resolving what to sample from (a packaged alias, an HF folder, or a run folder /
+checkpoint, whose actor is exported first), chat-formatting the prompts like training
+does, one engine for the call, and the decoded responses.
+Leaves out: the engine (``engine.runtime``), the export (``colocate.export``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+from colocate.errors import ConfigError
+
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOptions:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"
+    chat: bool = True  # apply the tokenizer's chat template, as training does
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    prompt: str
+    response: str
+    token_ids: list[int]  # the response's tokens
+    finish_reason: str  # stop | length
+
+
+def is_run(path: Path) -> bool:
+    """A run folder (with checkpoints) or a single checkpoint, rather than a model folder."""
+    return (path / MANIFEST).is_file() or (path / "checkpoints").is_dir()
+
+
+def model_folder(spec: str) -> str:
+    """An HF folder for ``spec``: a run folder or checkpoint (its actor, exported once into
+    ``<run>/export/``), a model folder, or a packaged alias (``smollm2``)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and is_run(path):
+        from colocate.export import export_actor
+
+        return str(export_actor(path))
+    from colocate.session import resolve_model
+
+    return resolve_model(spec, "model")
+
+
+def check(prompts: Sequence[str], opts: SampleOptions) -> None:
+    problems = [
+        (bool(prompts), "no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE"),
+        (opts.max_new_tokens >= 1, f"--max-new-tokens {opts.max_new_tokens}: must be >= 1"),
+        (opts.temperature >= 0, f"--temperature {opts.temperature}: must be >= 0 (0 is greedy)"),
+        (0 < opts.top_p <= 1, f"--top-p {opts.top_p}: must be in (0, 1]"),
+    ]
+    for ok, message in problems:
+        if not ok:
+            raise ConfigError(message)
+
+
+def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOptions()) -> list[Generation]:
+    """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine)."""
+    from transformers import AutoTokenizer
+
+    from colocate.builder import engine_configs
+    from colocate.config import load_config
+    from colocate.rollout_phase import sampling_params
+    from engine import rollout
+    from engine.rollout import Sample
+    from engine.runtime import SglangEngine
+
+    check(prompts, opts)
+    folder = model_folder(model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
+    stop = [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
+    cfg = load_config(overrides=[f"engines.device={opts.device}", f"models.dtype={opts.dtype}",
+                                 f"run.seed={opts.seed}"])  # the engine settings training would use
+    engine = SglangEngine(engine_configs(cfg, folder, None)[0], field="model")
+    try:
+        samples = [Sample(i, p, opts.max_new_tokens) for i, p in enumerate(ids)]
+        engine.loop.run_until_complete(rollout.generate(
+            engine, samples, sampling_params(opts.temperature, opts.top_p, stop), "gen"))
+    finally:
+        engine.shutdown()
+    return [Generation(text, tokenizer.decode(s.output_ids, skip_special_tokens=True), list(s.output_ids),
+                       s.finish_reason or "") for text, s in zip(prompts, samples)]
+
+
+def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - a HF tokenizer
+    if not chat or tokenizer.chat_template is None:
+        return tokenizer(text)["input_ids"]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
