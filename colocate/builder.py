@@ -59,11 +59,10 @@ def own_feeder(cfg: Config) -> bool:
     return cfg.overlap.streamed and cfg.overlap.feeder == "process"
 
 
-def _engines(cfg: Config, actor_path: str, reward_path: str | None):
+def _engines(cfg: Config, actor_cfg, reward_cfg):
     """Actor engine, and the reward engine unless a feeder process hosts its own."""
     from engine.runtime import SglangEngine
 
-    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path)
     actor = SglangEngine(actor_cfg, field="models.actor")
     reward = None
     if reward_cfg is not None and not own_feeder(cfg):
@@ -154,8 +153,9 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts, eval_prompts = _data(cfg, tokenizer)
     actor = reward = overlap = None
+    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path)
     if dist.rank == 0:
-        actor, reward = _engines(cfg, actor_path, reward_path)
+        actor, reward = _engines(cfg, actor_cfg, reward_cfg)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
             + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
     try:
@@ -167,8 +167,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if dist.rank == 0 and cfg.overlap.mode != "sequential":
             from colocate.overlap_phase import Overlap
 
-            feeder_engine = engine_configs(cfg, actor_path, reward_path)[1] if own_feeder(cfg) else None
-            overlap = Overlap(cfg, actor, reward, feeder_engine, log, reward_fns=fns,
+            overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,

@@ -12,9 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
+from colocate.checkpoint import MANIFEST
 from colocate.errors import ConfigError
-
-MANIFEST = "manifest.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +72,7 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     from colocate.builder import engine_configs
     from colocate.config import load_config
     from colocate.rollout_phase import sampling_params
+    from colocate.session import stop_ids
     from engine import rollout
     from engine.rollout import Sample
     from engine.runtime import SglangEngine
@@ -81,7 +81,7 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     folder = model_folder(model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
-    stop = [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
+    stop = stop_ids(tokenizer)
     cfg = load_config(overrides=[f"engines.device={opts.device}", f"models.dtype={opts.dtype}",
                                  f"run.seed={opts.seed}"])  # the engine settings training would use
     engine = SglangEngine(engine_configs(cfg, folder, None)[0], field="model")
@@ -96,8 +96,10 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
 
 
 def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - a HF tokenizer
+    """Chat-formatted as in training (``colocate.tasks.chat_prompt_ids``), or the plain text
+    when asked or when the tokenizer has no chat template."""
+    from colocate.tasks import chat_prompt_ids
+
     if not chat or tokenizer.chat_template is None:
         return tokenizer(text)["input_ids"]
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return chat_prompt_ids(tokenizer, text)

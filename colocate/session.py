@@ -48,18 +48,22 @@ def resolve_model(spec: str, field: str) -> str:
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
     """Chat-format and tokenize ``colocate.tasks.Prompt`` items; prompts longer than
     ``max_tokens`` are refused."""
+    from colocate.tasks import chat_prompt_ids
+
     out = []
     for i, prompt in enumerate(prompts):
-        msgs = [{"role": "user", "content": prompt.text}]
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
+        ids = chat_prompt_ids(tokenizer, prompt.text)
         if len(ids) > max_tokens:
             raise ConfigError(
                 f"data: prompt {i} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
                 "raise data.max_prompt_tokens or shorten the prompt")
-        out.append(Prompt(tuple(int(t) for t in ids), dict(prompt.meta)))
+        out.append(Prompt(tuple(ids), dict(prompt.meta)))
     return out
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """Token ids that end a response: the tokenizer's EOS and pad."""
+    return [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
 
 
 @dataclasses.dataclass
@@ -86,7 +90,7 @@ class Session:
     @property
     def stop_ids(self) -> list[int]:
         """Token ids that end a response: the tokenizer's EOS and pad."""
-        return [t for t in {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id} if t is not None]
+        return stop_ids(self.tokenizer)
 
     def begin_step(self) -> None:
         """Remember the plain-Python state of the last completed step (cheap), so a failure

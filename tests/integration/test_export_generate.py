@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from colocate import api, checkpoint
 from colocate.cli import main
 from colocate.config import load_config
-from colocate.sample import _prompt_ids
+from colocate.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["tell me about rainy days", "what is a good breakfast?"]
@@ -52,7 +52,7 @@ def test_generate_from_the_run_equals_hf_greedy_on_the_export(trained_run):
     stop = [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
     assert [g.prompt for g in out] == PROMPTS
     for g in out:
-        ids = _prompt_ids(tokenizer, g.prompt, chat=True)
+        ids = chat_prompt_ids(tokenizer, g.prompt)
         hf = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=stop,
                             pad_token_id=stop[0])[0, len(ids):].tolist()
         strip = lambda t: t[:-1] if t and t[-1] in stop else t  # noqa: E731 - whether the stop token is kept
