@@ -5,7 +5,8 @@ topics score low whatever the policy says). The held-out set is the same every t
 decoded greedily, so its reward moves only when the weights do: the learning curve.
 
 Owns: splitting the held-out prompts off the prompt set, when an evaluation is due, and
-one evaluation (greedy generation on the actor engine, the same reward as training).
+one evaluation (greedy generation on the actor engine, the same reward as training: the
+reward engine, or the feeder's when the reward model lives in the feeder's process).
 Leaves out: logging (``colocate.metrics``) and the loop around it (``colocate.loop``).
 """
 
@@ -47,7 +48,11 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
         s.actor, s.eval_prompts, r.max_new_tokens, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
         s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
         decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev")
-    scores = [v * s.cfg.reward.scale for v in out.scores]
+    raw = out.scores
+    if s.overlap is not None and s.overlap.hosts_reward_model:  # overlap.feeder=process
+        pairs = [(p.ids, x.output_ids) for p, x in zip(s.eval_prompts, out.samples)]
+        raw = [a + b for a, b in zip(raw, s.overlap.score_whole(pairs, s.state.step))]
+    scores = [v * s.cfg.reward.scale for v in raw]
     finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
     return {
         "step": s.state.step,

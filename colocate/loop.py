@@ -191,8 +191,6 @@ def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
 
     if not (s.is_main and s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
         return
-    if s.cfg.reward.kind == "model" and s.reward_engine is None:
-        return  # the reward model lives in the feeder process (overlap.feeder=process)
     s.set_phase("eval")
     rec = evaluation.evaluate(s)
     s.set_phase("idle")

@@ -24,13 +24,16 @@ from typing import Any, Sequence
 
 from colocate.config import Config
 from colocate.rollout_phase import Prompt, RewardFn, call_reward_fn
-from engine import oppo
+from engine import oppo, streamed
 from engine.reward_feeder import RewardFeeder
 from engine.rollout import Sample
 from engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
 from engine.runtime import EngineConfig, run_guarded
 from engine.streamed import FeederLostError, ScoreClient
+
+
+EVAL_STEP_BASE = 1 << 40  # feeder step ids of held-out evaluations (training steps stay below)
 
 
 @dataclasses.dataclass
@@ -101,6 +104,11 @@ class Overlap:
                 raise FeederLostError("the reward feeder process did not answer within 180 s")
             self.actor.loop.run_until_complete(asyncio.sleep(0.2))
 
+    @property
+    def hosts_reward_model(self) -> bool:
+        """Whether the reward model is reachable only through the feeder (its own process)."""
+        return self._feeder_proc is not None
+
     def feeder_pid(self) -> int | None:
         return self._feeder_proc.pid if self._feeder_proc else None
 
@@ -162,6 +170,14 @@ class Overlap:
                  "resumed": plan.resumed, "launched": len(plan.launch),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()}}
         return OverlapRollout(train, scores, res.seconds, stats)
+
+    def score_whole(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], step: int) -> list[float]:
+        """Reward-model scores of complete (prompt ids, response ids) pairs through the
+        feeder: the held-out evaluation after ``step`` when the reward model lives in the
+        feeder's process. Its step ids lie above every training step's."""
+        self.client.last_heard = time.monotonic()  # the loop slept while training
+        self.check_feeder()
+        return run_guarded([self.actor], streamed.score_whole(self.client, EVAL_STEP_BASE + step, seqs))
 
     async def _rule_score(self, sample: Sample) -> float:
         """Sum of the Python reward functions on a finished sample's text."""

@@ -1,8 +1,9 @@
 """The actor side of streamed reward scoring (OPPO's intra-step overlap).
 
 Owns: :class:`ScoreClient`, which pushes token chunks to the reward feeder and collects
-the final score of each response (and notices a feeder that stopped answering), and
-:class:`Chunker`, which cuts one sample's stream into chunks of ``k`` tokens.
+the final score of each response (and notices a feeder that stopped answering),
+:class:`Chunker`, which cuts one sample's stream into chunks of ``k`` tokens, and
+:func:`score_whole`, which scores already complete responses through the same feeder.
 
 Leaves out: the feeder (``engine.reward_feeder``), which samples run (``engine.oppo``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Sequence
 
 from colocate.errors import ColocateError
 from engine.channel import AsyncReceiver, AsyncSender, validate_endpoint
@@ -82,9 +84,15 @@ class ScoreClient:
         while True:
             self.check_alive()
             try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout=0.25)
+                score = await asyncio.wait_for(asyncio.shield(fut), timeout=0.25)
             except asyncio.TimeoutError:
                 continue
+            self.forget(step, index)
+            return score
+
+    def waiting(self) -> int:
+        """Responses expected and not yet collected (a step's in flight; none between steps)."""
+        return len(self._futures)
 
     def forget(self, step: int, index: int) -> None:
         self._futures.pop((step, index), None)
@@ -118,3 +126,20 @@ class Chunker:
     async def finish(self) -> None:
         """The sample ended (stop or length): send the rest and mark it final."""
         await self._flush(final=True)
+
+
+async def score_whole(client: ScoreClient, step: int,
+                      seqs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[float]:
+    """Final scores of complete (prompt ids, response ids) pairs, each sent as one final
+    chunk under ``step`` (a step id no training step uses: the feeder drops the state of
+    every other step when it sees it, and the next training step drops this one's)."""
+    for i in range(len(seqs)):
+        client.expect(step, i)
+    try:
+        for i, (prompt, response) in enumerate(seqs):
+            await client.send(TokenChunk(step=step, index=i, seq=0, prompt_ids=list(prompt),
+                                         tokens=list(response), final=True))
+        return list(await asyncio.gather(*(client.score(step, i) for i in range(len(seqs)))))
+    finally:
+        for i in range(len(seqs)):
+            client.forget(step, i)

@@ -140,3 +140,40 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
         assert time.monotonic() - started < 60
     finally:
         session.close()
+
+
+def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, tiny_rm_path, tmp_path):
+    """With ``overlap.feeder=process`` the reward model lives only in the feeder's process:
+    the held-out evaluation scores through it, equal to the in-process reward engine's scores
+    of the same greedy responses, and training steps and evaluations alternate on one feeder."""
+    import math
+
+    from colocate import builder, evaluation, loop as ppo_loop
+    from colocate.config import load_config
+
+    def session(feeder):
+        return builder.build(load_config(overrides=[
+            f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path / feeder}",
+            "overlap.mode=intra", f"overlap.feeder={feeder}", "overlap.chunk_size=4", "rollout.batch_size=4",
+            "rollout.max_new_tokens=8", "data.max_prompt_tokens=512", "data.eval_prompts=4", "run.steps=2",
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192"]), log=lambda m: None)
+
+    inline = session("inline")
+    try:
+        assert inline.reward_engine is not None and not inline.overlap.hosts_reward_model
+        want = evaluation.evaluate(inline)["scores"]
+    finally:
+        inline.close()
+    s = session("process")
+    try:
+        assert s.reward_engine is None and s.overlap.hosts_reward_model
+        got = evaluation.evaluate(s)
+        assert got["prompts"] == 4 and got["scores"] == pytest.approx(want, abs=1e-5)
+        assert len(set(want)) > 1  # four different responses, four different scores
+        for step in (1, 2):  # a training step after an evaluation, and an evaluation after it
+            ppo_loop.step(s)
+            rec = evaluation.evaluate(s)
+            assert rec["step"] == step and rec["non_finite"] == 0 and all(math.isfinite(v) for v in rec["scores"])
+        assert s.overlap.client.waiting() == 0  # every expected score collected, none kept
+    finally:
+        s.close()
