@@ -75,7 +75,8 @@ class Summary:
             reward += (f"held-out reward {s['eval_reward_first']:+.3f} (step {s['eval_step_first']:.0f}) → "
                        f"{s['eval_reward_last']:+.3f} (step {s['eval_step_last']:.0f}); ")
         step_s = statistics.median(h["step_s"] for h in self.history)
-        return (f"{stopped}{len(self.history)} steps in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
+        n = len(self.history)
+        return (f"{stopped}{n} step{'s' if n != 1 else ''} in {self.wall_s:.0f} s (median {step_s:.1f} s/step); "
                 f"{reward}metrics {self.out_dir / 'metrics.jsonl'}, checkpoints {self.checkpoint_dir}")
 
 

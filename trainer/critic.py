@@ -53,9 +53,18 @@ class ValueModel(nn.Module):
         A new head has weights ~ N(0, std=1 / (H + 1)) under `seed` (without touching the
         global RNG), bias 0, so initial values are small and every rank gets the same head.
         """
-        from transformers import AutoModel
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-        backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+        archs = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).architectures or [""]
+        backbone = None
+        if archs[0].endswith("ForCausalLM"):
+            # loaded as the causal LM it is, then its LM head dropped: AutoModel on a causal
+            # LM's checkpoint logs a LOAD REPORT warning (lm_head UNEXPECTED) at every start
+            lm = AutoModelForCausalLM.from_pretrained(path, **kw)
+            backbone = lm.base_model if lm.base_model is not lm else None
+        if backbone is None:  # a saved critic's backbone (or a model without a base_model_prefix)
+            backbone = AutoModel.from_pretrained(path, **kw)
         head_file = Path(path) / VALUE_HEAD_FILE
         head = None
         if head_file.exists():
