@@ -53,12 +53,13 @@ class ValueModel(nn.Module):
         A new head has weights ~ N(0, std=1 / (H + 1)) under `seed` (without touching the
         global RNG), bias 0, so initial values are small and every rank gets the same head.
         """
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+        from transformers import AutoModel, AutoModelForCausalLM
+
+        from colocate.models import model_architecture
 
         kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
-        archs = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).architectures or [""]
         backbone = None
-        if archs[0].endswith("ForCausalLM"):
+        if model_architecture(path).endswith("ForCausalLM"):
             # loaded as the causal LM it is, then its LM head dropped: AutoModel on a causal
             # LM's checkpoint logs a LOAD REPORT warning (lm_head UNEXPECTED) at every start
             lm = AutoModelForCausalLM.from_pretrained(path, **kw)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from colocate.models import build_tiny_causal_lm
 from trainer.critic import VALUE_HEAD_FILE, ValueModel
@@ -15,14 +15,9 @@ from trainer.critic import VALUE_HEAD_FILE, ValueModel
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_critic_from_a_causal_lm_is_its_backbone_without_a_load_warning(tmp_path, arch):
     path = build_tiny_causal_lm(tmp_path / arch, arch=arch, seed=4)
-    warnings = _Collect(logging.WARNING)
-    library = logging.getLogger("transformers")  # where transformers' load reports propagate
-    library.addHandler(warnings)
-    try:
+    with CaptureLogger(logging.get_logger("transformers")) as log:  # load reports propagate here
         critic = ValueModel.from_pretrained(path)
-    finally:
-        library.removeHandler(warnings)
-    assert not [m for m in warnings.messages if "LOAD REPORT" in m], warnings.messages
+    assert "LOAD REPORT" not in log.out, log.out
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     want = {f"model.{k}": v for k, v in lm.model.state_dict().items()}
     got = {k: v for k, v in critic.state_dict().items() if k.startswith("model.")}
@@ -40,11 +35,3 @@ def test_saved_critic_reloads_backbone_and_head(tmp_path):
     for k, v in critic.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0)
 
-
-class _Collect(logging.Handler):
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
