@@ -1,6 +1,6 @@
 """Actor engine start time and decode throughput vs HF ``generate``, same batch, same machine.
 
-    python -m bench.engine_throughput --batch 16 --new-tokens 128 --repeats 3
+    python -m colocate.bench.engine_throughput --batch 16 --new-tokens 128 --repeats 3
 
 Runs SGLang and HF alternately (interleaved repeats) on the same prompts, greedy, fixed
 length (EOS ignored), and prints tokens/s as median [min–max] plus the ratio.
@@ -28,7 +28,7 @@ def _prompts(tokenizer, batch: int) -> list[list[int]]:
 
 
 def _sglang_once(engine, prompts, n) -> float:
-    from engine import rollout
+    from colocate.engine import rollout
 
     samples = [rollout.Sample(i, p, n) for i, p in enumerate(prompts)]
     t = time.perf_counter()
@@ -69,8 +69,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from colocate.api import model_aliases
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.model_aliases import model_aliases
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     path = str(model_aliases()[args.model]()) if args.model in model_aliases() else args.model
     tok = AutoTokenizer.from_pretrained(path)

@@ -20,8 +20,8 @@ TRAIN_PHASES = ("ref", "old_logp", "values", "advantages", "critic", "actor", "s
 def probe(session, tokens: int = 32) -> dict[str, float]:
     """Decode tokens/s of a full batch on the actor engine; prefill tokens/s of the
     reward engine on the same sequences from scratch."""
-    from engine import reward as rm
-    from engine import rollout
+    from colocate.engine import reward as rm
+    from colocate.engine import rollout
 
     B = session.cfg.rollout.batch_size + session.cfg.overlap.delta_max
     prompts = [list(p.ids) for p in session.prompts[:B]] or [[1, 2, 3]] * B

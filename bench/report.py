@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from bench.limit import TRAIN_PHASES, step_bound
+from colocate.bench.limit import TRAIN_PHASES, step_bound
 
 
 def spread(xs: Sequence[float]) -> dict[str, float]:

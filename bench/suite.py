@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench import limit, plots, report, runner
-from bench.workloads import MODES, PRESETS, Preset, small_models, workload_overrides
+from colocate.bench import limit, plots, report, runner
+from colocate.bench.workloads import MODES, PRESETS, Preset, small_models, workload_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
     """TRL's PPO on the same models, batch and PPO epochs/minibatches, in a subprocess;
     None if unavailable."""
     new_tokens = new_tokens or preset.max_new_tokens
-    cmd = [sys.executable, "-m", "bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
+    cmd = [sys.executable, "-m", "colocate.bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
            "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
            "--updates", str(preset.peer_updates), "--epochs", str(epochs),
            "--minibatches", str(minibatches), "--out", str(out)]

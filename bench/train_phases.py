@@ -1,7 +1,7 @@
 """The training half of a PPO step on one device, measured: phase times and what offload frees.
 
-    python -m bench.train_phases --device cuda --shape smollm2-135m --out runs/train-phases
-    torchrun --nproc_per_node 2 -m bench.train_phases --device cuda ...   # one rank per GPU
+    python -m colocate.bench.train_phases --device cuda --shape smollm2-135m --out runs/train-phases
+    torchrun --nproc_per_node 2 -m colocate.bench.train_phases --device cuda ...   # one rank per GPU
 
 Runs the trainer's part of colocate's step (``colocate.loop``) in the loop's order on
 random-weight models of a named shape (``colocate.models.MODEL_SHAPES``; weights do not
@@ -54,7 +54,7 @@ class Options:
 def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int):
     """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of lengths
     spread evenly over [response_tokens / 2, response_tokens] (the longest exactly that)."""
-    from trainer.batch import make_batch
+    from colocate.trainer.batch import make_batch
 
     g = torch.Generator().manual_seed(seed)
     lengths = [response_tokens - (response_tokens // 2) * i // max(rows, 1) for i in range(rows)]
@@ -126,7 +126,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
     from colocate.builder import make_trainer
     from colocate.config import load_config
     from colocate.models import build_shaped_causal_lm
-    from trainer.distributed import init_distributed
+    from colocate.trainer.distributed import init_distributed
 
     dist = init_distributed(opts.device)
     dtype = opts.dtype or ("bfloat16" if dist.device.type == "cuda" else "float32")
@@ -208,7 +208,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     from colocate.models import MODEL_SHAPES
 
-    ap = argparse.ArgumentParser(prog="python -m bench.train_phases", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m colocate.bench.train_phases", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Options()
     ap.add_argument("--device", default=d.device, choices=["cuda", "cpu"])

@@ -22,19 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
+from colocate.model_aliases import model_aliases
 from colocate.progress import Progress
-
-
-def model_aliases() -> dict[str, Callable[[], Path]]:
-    """Names accepted for ``models.*`` that colocate builds from packaged sources."""
-    from colocate.models import prepare_smollm2
-
-    def sentiment_rm() -> Path:
-        from trainer.reward_distill import prepare_sentiment_rm
-
-        return prepare_sentiment_rm()
-
-    return {"smollm2": prepare_smollm2, "sentiment-rm": sentiment_rm}
 
 
 def prepare(with_reward_model: bool = True) -> dict[str, Path]:

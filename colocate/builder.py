@@ -18,7 +18,8 @@ from colocate.config import Config
 from colocate.errors import ConfigError
 from colocate.guards import check_world_size
 from colocate.rollout_phase import RewardFn
-from colocate.session import RunState, Session, resolve_model, tokenize_prompts
+from colocate.model_aliases import resolve_model
+from colocate.session import RunState, Session, tokenize_prompts
 from colocate.timesharing import TimeSharing
 
 
@@ -40,7 +41,7 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None):
     """(actor, reward) `EngineConfig`s of ``cfg``; reward is None without a reward model."""
     import os
 
-    from engine.runtime import EngineConfig
+    from colocate.engine.runtime import EngineConfig
 
     e = cfg.engines
     actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
@@ -61,7 +62,7 @@ def own_feeder(cfg: Config) -> bool:
 
 def _engines(cfg: Config, actor_cfg, reward_cfg):
     """Actor engine, and the reward engine unless a feeder process hosts its own."""
-    from engine.runtime import SglangEngine
+    from colocate.engine.runtime import SglangEngine
 
     actor = SglangEngine(actor_cfg, field="models.actor")
     reward = None
@@ -77,7 +78,7 @@ def _engines(cfg: Config, actor_cfg, reward_cfg):
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
     """The PPO trainer (actor, reference, critic on FSDP2) with the settings of `cfg`
     (``settings``: `TrainerSettings` fields the config does not hold, e.g. ``micro_batch``)."""
-    from trainer.ppo_trainer import PPOTrainer, TrainerSettings
+    from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
     p, o = cfg.ppo, cfg.overlap
     return PPOTrainer(TrainerSettings(
@@ -125,9 +126,9 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
           log: Callable[[str], None] = print) -> Session:
     from transformers import AutoTokenizer
 
-    from engine.runtime import check_remote_code
-    from trainer.distributed import init_distributed
-    from trainer.kl_control import make_kl_controller
+    from colocate.engine.runtime import check_remote_code
+    from colocate.trainer.distributed import init_distributed
+    from colocate.trainer.kl_control import make_kl_controller
 
     from colocate.wandb_log import check_available
 

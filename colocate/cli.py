@@ -1,6 +1,6 @@
 """The `colocate` command line: a thin click layer over the Python API.
 
-Owns: argument parsing, printing, and turning :class:`~colocate.errors.ColocateError`
+Owns: argument parsing, printing, and turning every error of :data:`~colocate.errors.USER_ERRORS`
 into one line on stderr with exit status 2. Leaves out: all behaviour (``colocate.api``).
 """
 
@@ -11,18 +11,18 @@ import sys
 
 import click
 
-from colocate.errors import ColocateError
+from colocate.errors import USER_ERRORS, ColocateError
 from colocate.sample import SampleOptions
 
 
 def _friendly(fn):
-    """Run ``fn``; a ColocateError becomes a one-line message, not a traceback."""
+    """Run ``fn``; an error of USER_ERRORS becomes a one-line message, not a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except ColocateError as exc:
+        except USER_ERRORS as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
 
@@ -94,8 +94,8 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
       colocate bench --quick
       colocate bench --full --workloads longtail,task --repeats 5
     """
-    from bench.suite import BenchOptions, run
-    from bench.workloads import MODES, WORKLOADS
+    from colocate.bench.suite import BenchOptions, run
+    from colocate.bench.workloads import MODES, WORKLOADS
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     wl = tuple(w.strip() for w in workloads.split(",") if w.strip())

@@ -34,7 +34,7 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
     """Versions, device and cache facts; prepares (but does not start) SGLang."""
     import torch
 
-    from engine import sglang_api
+    from colocate.engine import sglang_api
 
     platform = sglang_api.prepare(device)
     cache = default_cache_dir()
@@ -55,8 +55,8 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
 def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
     """Build a tiny random Llama, start an actor engine on it, generate, stop."""
     from colocate.models import build_tiny_causal_lm
-    from engine import rollout
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine import rollout
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_causal_lm(Path(tmp) / "tiny", seed=0)

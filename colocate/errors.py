@@ -1,6 +1,22 @@
-"""Exceptions colocate raises on purpose; catch `ColocateError` to catch them all."""
+"""Exceptions colocate raises on purpose; catch :data:`USER_ERRORS` to catch them all.
+
+Each layer owns its errors so that ``engine/`` and ``trainer/`` import nothing of
+``colocate`` (layers import downward only): :class:`EngineError` (SGLang engines, rollout,
+scoring, channel), :class:`TrainerError` (FSDP models, PPO math; :class:`ModelSourceError`
+among them) and :class:`ColocateError` (configuration, the run). Every one carries a
+one-line message naming what to change; the CLI prints it instead of a traceback.
+"""
+
+from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.trainer.errors import ModelSourceError, TrainerConfigError, TrainerError
 
 
-class ColocateError(Exception): """Base of every error colocate raises on purpose."""
-class ModelSourceError(ColocateError): """A model, tokenizer or model file is missing or not in the expected form."""
+class ColocateError(Exception): """Base of every error the colocate layer (config, run, API) raises on purpose."""
 class ConfigError(ColocateError): """A configuration value, file or CLI option is invalid; the message names the key."""
+
+
+USER_ERRORS = (ColocateError, EngineError, TrainerError)
+CONFIG_ERRORS = (ConfigError, EngineConfigError, TrainerConfigError)
+
+__all__ = ["ColocateError", "ConfigError", "EngineError", "EngineConfigError", "TrainerError",
+           "TrainerConfigError", "ModelSourceError", "USER_ERRORS", "CONFIG_ERRORS"]

@@ -34,7 +34,7 @@ def base_actor(run_dir: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"export: no config.json in run folder '{run_dir}' (it names the base actor model); "
                           "pass the run folder that `colocate train` wrote")
-    from colocate.session import resolve_model
+    from colocate.model_aliases import resolve_model
 
     return resolve_model(json.loads(path.read_text())["models"]["actor"], f"models.actor in {path}")
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from colocate import metrics as mlog
-from colocate.errors import ColocateError
+from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
 from colocate.rollout_phase import run_sequential, sampling_params
@@ -72,8 +72,8 @@ def overlapped_rollout(s: Session) -> RolloutData:
 
 def step(s: Session) -> dict[str, Any]:
     """One PPO step; returns its metrics."""
-    from trainer.batch import make_batch
-    from trainer.distributed import broadcast_object
+    from colocate.trainer.batch import make_batch
+    from colocate.trainer.distributed import broadcast_object
 
     timer, t_step = PhaseTimer(), time.perf_counter()
     s.begin_step()
@@ -163,7 +163,7 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
                 break
             try:
                 rec = step(s)
-            except ColocateError:
+            except USER_ERRORS:
                 path = s.save_after_failure()
                 if path is not None:
                     s.log(f"checkpoint of the last completed step written to {path}")

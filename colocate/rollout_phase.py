@@ -14,9 +14,9 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Sequence
 
-from engine import reward as rm
-from engine import rollout
-from engine.rollout import Sample
+from colocate.engine import reward as rm
+from colocate.engine import rollout
+from colocate.engine.rollout import Sample
 
 RewardFn = Callable[[dict[str, Any], str], Any]  # (prompt record, response text) -> float
 
@@ -103,7 +103,7 @@ def run_sequential(
 
     samples = [Sample(i, list(p.ids), p.budget or max_new_tokens) for i, p in enumerate(prompts)]
     tag = f"{tag_prefix}{step:07d}"
-    from engine.runtime import run_guarded
+    from colocate.engine.runtime import run_guarded
 
     engines = [actor, reward_engine]
     t0 = time.perf_counter()

@@ -48,7 +48,7 @@ def model_folder(spec: str) -> str:
         from colocate.export import export_actor
 
         return str(export_actor(path))
-    from colocate.session import resolve_model
+    from colocate.model_aliases import resolve_model
 
     return resolve_model(spec, "model")
 
@@ -73,9 +73,9 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     from colocate.config import load_config
     from colocate.rollout_phase import sampling_params
     from colocate.session import stop_ids
-    from engine import rollout
-    from engine.rollout import Sample
-    from engine.runtime import SglangEngine
+    from colocate.engine import rollout
+    from colocate.engine.rollout import Sample
+    from colocate.engine.runtime import SglangEngine
 
     check(prompts, opts)
     folder = model_folder(model)

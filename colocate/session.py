@@ -33,18 +33,6 @@ class RunState:
     kl: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def resolve_model(spec: str, field: str) -> str:
-    """A model folder for ``spec``: the packaged aliases are prepared (once) on demand."""
-    from colocate import api
-
-    aliases = api.model_aliases()
-    if spec in aliases:
-        return str(aliases[spec]())
-    if not Path(spec).expanduser().is_dir():
-        raise ConfigError(f"{field}: '{spec}' is neither a model folder nor one of {sorted(aliases)}")
-    return str(Path(spec).expanduser())
-
-
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
     """Chat-format and tokenize ``colocate.tasks.Prompt`` items; prompts longer than
     ``max_tokens`` are refused."""

@@ -28,8 +28,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from colocate.errors import ColocateError, ConfigError
-from engine.wire import (  # re-exported: the channel's vocabulary
+from .errors import EngineConfigError, EngineError
+from .wire import (  # re-exported: the channel's vocabulary
     MESSAGE_TYPES, Heartbeat, Message, Reorderer, ScoreResult, Shutdown, TokenChunk)
 
 __all__ = [
@@ -41,11 +41,11 @@ __all__ = [
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 
 
-class ChannelFullError(ColocateError):
+class ChannelFullError(EngineError):
     """The peer is not draining the channel (send high-water mark reached)."""
 
 
-class FrameTooLargeError(ColocateError):
+class FrameTooLargeError(EngineError):
     """A message encodes to more bytes than the channel's ``max_frame_bytes``."""
 
 
@@ -55,17 +55,17 @@ _IPC_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 
 def validate_endpoint(endpoint: Any, field: str = "overlap.endpoint") -> str:
     """``endpoint`` if it is ``ipc://<path>`` or ``tcp://{127.0.0.1|localhost|[::1]}:<port>``
-    (port ``*``: any free one, bind only); else a one-line :class:`ConfigError`."""
+    (port ``*``: any free one, bind only); else a one-line :class:`EngineConfigError`."""
     ep = endpoint if isinstance(endpoint, str) else ""
     if ep.startswith("ipc://") and len(ep) > len("ipc://"):
         if len(ep[6:].encode()) > _IPC_PATH_MAX:
-            raise ConfigError(f"{field}: ipc path of {endpoint!r} is longer than "
+            raise EngineConfigError(f"{field}: ipc path of {endpoint!r} is longer than "
                               f"{_IPC_PATH_MAX} bytes; use a shorter path")
         return ep
     m = _LOOPBACK_TCP.fullmatch(ep)
     if m and (m[2] == "*" or 1 <= int(m[2]) <= 65535):
         return ep
-    raise ConfigError(f"{field}: {endpoint!r} is not a local endpoint; use ipc://<path> or "
+    raise EngineConfigError(f"{field}: {endpoint!r} is not a local endpoint; use ipc://<path> or "
                       "tcp://127.0.0.1:<port> (or localhost, [::1]); the channel never "
                       "listens beyond this machine")
 
@@ -73,7 +73,7 @@ def validate_endpoint(endpoint: Any, field: str = "overlap.endpoint") -> str:
 def _open(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, opts: dict[int, int]):
     endpoint = validate_endpoint(endpoint)
     if not bind and endpoint.endswith(":*"):
-        raise ConfigError(f"overlap.endpoint: {endpoint!r}: port '*' can only bind; "
+        raise EngineConfigError(f"overlap.endpoint: {endpoint!r}: port '*' can only bind; "
                           "a connecting side needs the bound port")
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -86,7 +86,7 @@ def _open(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, opts: dict[int
     except zmq.ZMQError as exc:
         sock.close(0)
         verb = "bind" if bind else "connect"
-        raise ConfigError(f"overlap.endpoint: cannot {verb} {endpoint!r}: {exc}") from None
+        raise EngineConfigError(f"overlap.endpoint: cannot {verb} {endpoint!r}: {exc}") from None
     return sock
 
 
@@ -111,7 +111,7 @@ class _Endpoint:
         self.ctx = context if context is not None else context_cls()
         try:
             self.sock = _open(self.ctx, kind, endpoint, bind, opts)
-        except ColocateError:
+        except EngineError:
             if self.own_ctx:
                 self.ctx.term()
             raise

@@ -16,10 +16,10 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from engine import reward as rm
-from engine import rollout
-from engine.rollout import Sample
-from engine.streamed import Chunker, ScoreClient
+from . import reward as rm
+from . import rollout
+from .rollout import Sample
+from .streamed import Chunker, ScoreClient
 
 ExtraScore = Callable[[Sample], Awaitable[float]]  # e.g. rule rewards on the decoded text
 

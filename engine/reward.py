@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 from typing import Sequence
 
-from engine.runtime import SglangEngine
+from .runtime import SglangEngine
 
 
 def _to_score(out: dict) -> float:

@@ -7,7 +7,7 @@ a final :class:`~engine.wire.ScoreResult` per finished response, plus heartbeats
 sender can tell a live feeder from a dead one. It runs as an asyncio task beside the
 engines (default) or alone in its own process with its own reward engine:
 
-    python -m engine.reward_feeder --model RM_DIR --chunks ipc:///tmp/c --results ipc:///tmp/r
+    python -m colocate.engine.reward_feeder --model RM_DIR --chunks ipc:///tmp/c --results ipc:///tmp/r
 
 Leaves out: when chunks are cut (``engine.streamed``) and reward shaping.
 """
@@ -20,9 +20,9 @@ import contextlib
 import json
 import time
 
-from engine import reward as rm
-from engine.channel import AsyncReceiver, AsyncSender, validate_endpoint
-from engine.wire import Heartbeat, Reorderer, ScoreResult, Shutdown, TokenChunk
+from . import reward as rm
+from .channel import AsyncReceiver, AsyncSender, validate_endpoint
+from .wire import Heartbeat, Reorderer, ScoreResult, Shutdown, TokenChunk
 
 
 class RewardFeeder:
@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--engine-json", default=None,
                     help="every EngineConfig field as JSON (how colocate starts it); the flags above then only name the model")
     args = ap.parse_args()
-    from engine.runtime import EngineConfig, SglangEngine
+    from .runtime import EngineConfig, SglangEngine
 
     if args.engine_json:
         fields = {**json.loads(args.engine_json), "model_path": args.model, "role": "reward"}

@@ -14,13 +14,13 @@ import asyncio
 import dataclasses
 from typing import Any, Awaitable, Callable, Sequence
 
-from colocate.errors import ColocateError
-from engine.runtime import SglangEngine
+from .errors import EngineError
+from .runtime import SglangEngine
 
 OnTokens = Callable[["Sample", list[int]], Awaitable[None] | None]
 
 
-class PromptTooLongError(ColocateError):
+class PromptTooLongError(EngineError):
     """A prompt plus its token budget does not fit the engine's context."""
 
 

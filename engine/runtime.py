@@ -23,8 +23,8 @@ from typing import Any, AsyncIterator, Iterable, Literal, Sequence
 
 import psutil
 
-from colocate.errors import ColocateError
-from engine import sglang_api
+from .errors import EngineError
+from . import sglang_api
 
 Role = Literal["actor", "reward"]
 
@@ -36,11 +36,11 @@ Role = Literal["actor", "reward"]
 CAUSAL_REWARD_ARCHS = frozenset({"LlamaForSequenceClassification"})
 
 
-class EngineStartError(ColocateError):
+class EngineStartError(EngineError):
     """An engine could not be started; the message is one line naming the cause."""
 
 
-class EngineDiedError(ColocateError):
+class EngineDiedError(EngineError):
     """An engine's scheduler process is gone."""
 
 

@@ -24,8 +24,8 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
-from colocate.errors import ColocateError, ConfigError
-from engine.rollout import Sample
+from .errors import EngineConfigError, EngineError
+from .rollout import Sample
 
 MakeSample = Callable[[int], "Sample | None"]  # index -> new sample, None when out of prompts
 
@@ -56,7 +56,7 @@ class SchedulerConfig:
         ]
         for name, ok, why in checks:
             if not ok:
-                raise ConfigError(f"overlap.{name}: {getattr(self, name)!r} {why}")
+                raise EngineConfigError(f"overlap.{name}: {getattr(self, name)!r} {why}")
 
     @property
     def max_launch(self) -> int:
@@ -121,7 +121,7 @@ def _too_stale(sample: Sample, version: int, limit: int) -> bool:
 def _check_sample(s: Sample) -> None:
     n = len(s.output_ids)
     if n > s.max_new_tokens or len(s.logprobs) != n or len(s.versions) != n:
-        raise ColocateError(
+        raise EngineError(
             f"sample {s.index}: {n} tokens, {len(s.logprobs)} logprobs, {len(s.versions)} "
             f"versions, budget {s.max_new_tokens}: a resumed request overran its budget or "
             "lost per-token data"
@@ -152,7 +152,7 @@ class LengthAwareScheduler:
         """Choose the B+Δ samples of this step; ``current_version`` is the weight version
         the actor will generate with."""
         if self._in_flight is not None:
-            raise ColocateError("scheduler: plan() called again before select() closed the step")
+            raise EngineError("scheduler: plan() called again before select() closed the step")
         limit = self.config.max_staleness_versions
         dropped = [s for s in self._deferred if _too_stale(s, current_version, limit)]
         keep = [s for s in self._deferred if not _too_stale(s, current_version, limit)]
@@ -174,7 +174,7 @@ class LengthAwareScheduler:
             if sample is None:  # out of prompts
                 break
             if sample.index != self.next_index or sample.output_ids:
-                raise ColocateError(
+                raise EngineError(
                     f"scheduler: make_sample({self.next_index}) returned sample "
                     f"{sample.index} with {len(sample.output_ids)} tokens; expected a fresh "
                     "sample with the index it was given"
@@ -188,10 +188,10 @@ class LengthAwareScheduler:
         ones anywhere). Returns ``(train, defer)``: the plan's ready samples, then the
         first finishers, B in all when that many finished; everything else is deferred."""
         if self._in_flight is None:
-            raise ColocateError("scheduler: select() called without an open plan()")
+            raise EngineError("scheduler: select() called without an open plan()")
         got = sorted(s.index for s in ended)
         if got != sorted(self._in_flight):
-            raise ColocateError(
+            raise EngineError(
                 f"scheduler: select() got samples {got}, expected the launched "
                 f"{sorted(self._in_flight)}: every launched sample must come back"
             )
@@ -214,7 +214,7 @@ class LengthAwareScheduler:
 
     def state_dict(self) -> dict[str, Any]:
         if self._in_flight is not None:
-            raise ColocateError("scheduler: state_dict() mid-step; checkpoint between steps")
+            raise EngineError("scheduler: state_dict() mid-step; checkpoint between steps")
         return {
             "next_index": self.next_index,
             "dropped_total": self.dropped_total,
@@ -252,14 +252,14 @@ class ChunkTunerConfig:
 
     def __post_init__(self) -> None:
         if not self.candidates or any(int(c) < 1 for c in self.candidates):
-            raise ConfigError(f"overlap.candidates: {self.candidates!r} must be positive sizes")
+            raise EngineConfigError(f"overlap.candidates: {self.candidates!r} must be positive sizes")
         if self.retune_every < len(self.candidates):
-            raise ConfigError(
+            raise EngineConfigError(
                 f"overlap.retune_every: {self.retune_every} is less than the "
                 f"{len(self.candidates)} candidates a tuning round tries"
             )
         if self.fixed < 1:
-            raise ConfigError(f"overlap.fixed: {self.fixed} must be >= 1")
+            raise EngineConfigError(f"overlap.fixed: {self.fixed} must be >= 1")
 
 
 class ChunkSizeTuner:
@@ -284,7 +284,7 @@ class ChunkSizeTuner:
     def record(self, step: int, chunk: int, seconds: float) -> None:
         """Measured time of ``step``, run with ``chunk``; only tuning steps count."""
         if not math.isfinite(seconds) or seconds < 0:
-            raise ColocateError(f"chunk tuner: step {step} took {seconds!r} s; expected >= 0")
+            raise EngineError(f"chunk tuner: step {step} took {seconds!r} s; expected >= 0")
         cfg = self.config
         offset = step % cfg.retune_every
         if not cfg.adaptive or offset >= len(cfg.candidates) or chunk != cfg.candidates[offset]:

@@ -15,13 +15,13 @@ import contextlib
 import time
 from typing import Sequence
 
-from colocate.errors import ColocateError
-from engine.channel import AsyncReceiver, AsyncSender, validate_endpoint
-from engine.rollout import Sample
-from engine.wire import ScoreResult, Shutdown, TokenChunk
+from .errors import EngineError
+from .channel import AsyncReceiver, AsyncSender, validate_endpoint
+from .rollout import Sample
+from .wire import ScoreResult, Shutdown, TokenChunk
 
 
-class FeederLostError(ColocateError):
+class FeederLostError(EngineError):
     """The reward feeder stopped answering."""
 
 

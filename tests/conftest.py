@@ -33,7 +33,7 @@ def tiny_rm_path(tiny_dir):
 
 @pytest.fixture(scope="session")
 def actor_engine(tiny_actor_path):
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", max_total_tokens=16384))
     yield eng
@@ -42,7 +42,7 @@ def actor_engine(tiny_actor_path):
 
 @pytest.fixture(scope="session")
 def reward_engine(tiny_rm_path):
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     # the one engine of the test process with SGLang metrics on (they are process-global)
     eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", max_total_tokens=16384, enable_metrics=True))

@@ -55,7 +55,7 @@ class ValueModel(nn.Module):
         """
         from transformers import AutoModel, AutoModelForCausalLM
 
-        from colocate.models import model_architecture
+        from .model_files import model_architecture
 
         kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
         backbone = None

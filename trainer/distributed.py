@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from colocate.errors import ColocateError
+from .errors import TrainerError
 
 _TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -84,7 +84,7 @@ def init_distributed(
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     if needed not in dist.get_backend():
-        raise ColocateError(f"a {dist.get_backend()} process group exists, but device {device} needs {needed}")
+        raise TrainerError(f"a {dist.get_backend()} process group exists, but device {device} needs {needed}")
     info_rank, info_world = dist.get_rank(), dist.get_world_size()
     torch_device = torch.device("cpu")
     if kind == "cuda":

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from trainer.batch import TrainBatch, logits_kept, response_logits, response_values
-from trainer.ppo_math import entropy_from_logits, token_logprobs_from_logits
+from .batch import TrainBatch, logits_kept, response_logits, response_values
+from .ppo_math import entropy_from_logits, token_logprobs_from_logits
 
 
 def policy_forward(

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from trainer.distributed import DistInfo, broadcast_object, unaliased
+from .distributed import DistInfo, broadcast_object, unaliased
 
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:

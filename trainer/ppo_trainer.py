@@ -30,17 +30,17 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from colocate.errors import ConfigError
-from trainer import ppo_math
-from trainer.batch import TrainBatch
-from trainer.critic import ValueModel
-from trainer.distributed import (
+from .errors import TrainerConfigError
+from . import ppo_math
+from .batch import TrainBatch
+from .critic import ValueModel
+from .distributed import (
     DistInfo, all_reduce_sum, broadcast_object, full_state_dict, gather_rows, init_distributed, rank_rows,
     shard_model,
 )
-from trainer.forward import agg_denominator, evaluate_rows, policy_forward, value_forward
-from trainer.offload import HostStash
-from trainer.optim import (
+from .forward import agg_denominator, evaluate_rows, policy_forward, value_forward
+from .offload import HostStash
+from .optim import (
     build_adamw, full_training_state, guarded_step, load_training_state, move_optimizer_state,
 )
 
@@ -91,7 +91,7 @@ class TrainerSettings:
         }
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
-            raise ConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
+            raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
 
     @property
     def critic_source(self) -> str:
@@ -215,7 +215,7 @@ class PPOTrainer:
         """epochs x minibatches guarded optimizer steps; stats averaged over the steps taken."""
         s = self.settings
         if batch.size % (s.minibatches * self.dist.world_size):
-            raise ConfigError(
+            raise TrainerConfigError(
                 f"batch of {batch.size} rows does not split into ppo minibatches={s.minibatches} "
                 f"x {self.dist.world_size} ranks"
             )

@@ -9,7 +9,7 @@ a CUDA machine would run it on the GPU). Each update's wall time comes from trai
 events; its phases from forward hooks on the four models: generate, ref, values, reward,
 advantages (the rest of the scoring window: logprobs, GAE, whitening) and train, which
 add up to the update. Warm-up updates (default 1) run first and are left out of the
-numbers, as colocate's bench does. `python -m bench.peers.trl_ppo` writes
+numbers, as colocate's bench does. `python -m colocate.bench.peers.trl_ppo` writes
 `trl_result.json`; the bench runs it in a subprocess, so the peer has its own threads
 and memory. trl is imported only when a run starts.
 
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from transformers import PrinterCallback, TrainerCallback
 
-from colocate.errors import ColocateError, ModelSourceError
+from colocate.errors import USER_ERRORS, ColocateError, ModelSourceError
 
 TRL_VERSION = "1.12.0"
 INSTALL_HINT = "pip install 'colocate[bench]'"
@@ -282,7 +282,7 @@ def _summary(records: list[dict[str, Any]], version: str, settings: dict[str, An
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.peers.trl_ppo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m colocate.bench.peers.trl_ppo", description=__doc__.splitlines()[0])
     p.add_argument("--actor", required=True, help="actor model folder (policy, reference and value model)")
     p.add_argument("--reward", required=True, help="reward model folder (one-label sequence classifier)")
     p.add_argument("--batch", type=int, default=8, help="prompts per update")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                              updates=a.updates, epochs=a.epochs, minibatches=a.minibatches, seed=a.seed,
                              threads=a.threads, out_dir=a.out, stop_at_eos=a.stop_at_eos, warmup=a.warmup,
                              progress=lambda line: print(f"trl_ppo: {line}", file=sys.stderr, flush=True))
-    except (ColocateError, ValueError) as exc:
+    except (*USER_ERRORS, ValueError) as exc:
         print(f"trl_ppo: {exc}", file=sys.stderr)
         return 2
     result["models"] = {"actor": a.actor, "reward": a.reward, "prompt_source": a.source}

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import rollout
-from engine.rollout import PromptTooLongError, Sample
+from colocate.engine import rollout
+from colocate.engine.rollout import PromptTooLongError, Sample
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0}
@@ -46,7 +46,7 @@ def test_greedy_matches_hf_tokens_and_logprobs(actor_engine, tiny_actor_path):
 
 
 def test_qwen2_actor_matches_hf(tiny_qwen_path):
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     eng = SglangEngine(EngineConfig(tiny_qwen_path, role="actor", max_total_tokens=4096))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from colocate.models import build_tiny_bidirectional_model
-from engine.runtime import EngineConfig, EngineStartError, SglangEngine
+from colocate.engine.runtime import EngineConfig, EngineStartError, SglangEngine
 
 
 def test_missing_model_folder(tmp_path):
@@ -49,7 +49,7 @@ _DIED = ("Rank 0 scheduler died during initialization (exit code: {code}). If ex
 def test_start_failures_get_the_hint_that_fits(text, hint):
     """A scheduler that died with exit code 1 is a Python error in SGLang, not memory, even
     though SGLang's message mentions the OOM killer."""
-    from engine.runtime import start_error
+    from colocate.engine.runtime import start_error
 
     err = start_error(EngineConfig("/models/a", role="actor"), RuntimeError(text))
     assert str(err).startswith(f"could not start the actor engine (/models/a): {hint}")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from engine import reward, rollout
-from engine.rollout import Sample
+from colocate.engine import reward, rollout
+from colocate.engine.rollout import Sample
 
 pytestmark = pytest.mark.slow
 SEQS = [[1, 10, 11, 12, 13, 14], [1, 99], list(range(3, 150)), [1, 7, 7, 7, 7, 7, 7, 7, 2]]

@@ -7,9 +7,9 @@ import os
 import psutil
 import pytest
 
-from engine import rollout
-from engine.rollout import Sample
-from engine.runtime import EngineConfig, SglangEngine
+from colocate.engine import rollout
+from colocate.engine.rollout import Sample
+from colocate.engine.runtime import EngineConfig, SglangEngine
 
 pytestmark = pytest.mark.slow
 

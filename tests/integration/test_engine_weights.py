@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import rollout
-from engine.rollout import Sample
+from colocate.engine import rollout
+from colocate.engine.rollout import Sample
 from tests.integration.test_engine_actor import hf_greedy
 
 pytestmark = pytest.mark.slow

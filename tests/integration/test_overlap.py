@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from engine import oppo, reward, rollout
-from engine.reward_feeder import RewardFeeder
-from engine.rollout import Sample
-from engine.streamed import ScoreClient
+from colocate.engine import oppo, reward, rollout
+from colocate.engine.reward_feeder import RewardFeeder
+from colocate.engine.rollout import Sample
+from colocate.engine.streamed import ScoreClient
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -112,7 +112,7 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
     step fails within the feeder timeout with one line, and nothing waits forever."""
     from colocate import builder, loop as ppo_loop
     from colocate.config import load_config
-    from engine.streamed import FeederLostError
+    from colocate.engine.streamed import FeederLostError
 
     cfg = load_config(overrides=[
         f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path}",

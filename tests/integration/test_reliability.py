@@ -17,7 +17,7 @@ import pytest
 from colocate import api, builder, checkpoint
 from colocate import loop as ppo_loop
 from colocate.config import load_config
-from engine.runtime import EngineDiedError
+from colocate.engine.runtime import EngineDiedError
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

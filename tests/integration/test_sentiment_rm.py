@@ -10,8 +10,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from colocate.models import MARKER_NAME, prepare_smollm2, smollm2_gguf_path
 from colocate.tasks import chat_prompt_ids, sentiment_prompts, vader_reward
-from trainer.distill_data import TextMaker
-from trainer.reward_distill import DistillConfig, pearson, prepare_sentiment_rm
+from colocate.distill_data import TextMaker
+from colocate.sentiment_rm import DistillConfig, pearson, prepare_sentiment_rm
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +88,8 @@ def test_tracks_vader_on_held_out_templates(model, tokenizer):
 
 
 def test_sglang_reward_engine_scores_like_hf(built, model, tokenizer):
-    from engine import reward
-    from engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine import reward
+    from colocate.engine.runtime import EngineConfig, SglangEngine
 
     prompts = sentiment_prompts(3, seed=1)
     seqs = []

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from bench.train_phases import PHASES, synthetic_batch
+from colocate.bench.train_phases import PHASES, synthetic_batch
 
 
 def test_synthetic_batch_shape():
@@ -23,7 +23,7 @@ def test_synthetic_batch_shape():
 
 def test_train_phases_cli_on_cpu(tmp_path):
     out = tmp_path / "tp"
-    cmd = [sys.executable, "-m", "bench.train_phases", "--device", "cpu", "--shape", "tiny", "--batch", "4",
+    cmd = [sys.executable, "-m", "colocate.bench.train_phases", "--device", "cpu", "--shape", "tiny", "--batch", "4",
            "--prompt-tokens", "6", "--response-tokens", "10", "--steps", "2", "--warmup", "0",
            "--set", "ppo.epochs=1", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -46,7 +46,7 @@ def test_train_phases_cli_on_cpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
 def test_train_phases_refuses_cuda_without_a_gpu():
-    done = subprocess.run([sys.executable, "-m", "bench.train_phases", "--device", "cuda"],
+    done = subprocess.run([sys.executable, "-m", "colocate.bench.train_phases", "--device", "cuda"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "torch sees no CUDA device here; use --device cpu" in done.stderr
     assert "Traceback" not in done.stderr

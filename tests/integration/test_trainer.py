@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer import ppo_math
-from trainer.batch import TrainBatch, make_batch
-from trainer.critic import ValueModel
-from trainer.distributed import DistInfo, broadcast_object, free_port, init_distributed
-from trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.trainer import ppo_math
+from colocate.trainer.batch import TrainBatch, make_batch
+from colocate.trainer.critic import ValueModel
+from colocate.trainer.distributed import DistInfo, broadcast_object, free_port, init_distributed
+from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
 ROWS = 8
 
@@ -217,7 +217,7 @@ def test_value_model_save_load_round_trip(trainer, tmp_path):
 
 
 def _response_only(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
-    from trainer.batch import response_values
+    from colocate.trainer.batch import response_values
 
     return response_values(values, batch)
 
@@ -236,19 +236,19 @@ def test_bfloat16_compute_keeps_float32_master_weights(world1, tiny_actor_path):
 
 
 def test_settings_are_validated(tiny_actor_path):
-    from colocate.errors import ConfigError
+    from colocate.trainer.errors import TrainerConfigError
 
-    with pytest.raises(ConfigError, match="loss_agg"):
+    with pytest.raises(TrainerConfigError, match="loss_agg"):
         TrainerSettings(actor_path=tiny_actor_path, loss_agg="sum")
     assert TrainerSettings(actor_path="a").critic_source == "a"
 
 
 def test_uneven_batch_is_refused(trainer):
-    from colocate.errors import ConfigError
+    from colocate.trainer.errors import TrainerConfigError
 
     batch = rollout_batch(9, rows=3)
     old = trainer.old_logprobs(batch)
-    with pytest.raises(ConfigError, match="minibatches"):
+    with pytest.raises(TrainerConfigError, match="minibatches"):
         trainer.train_actor(batch, old, old, current_version=0)
 
 

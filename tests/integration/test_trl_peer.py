@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "bench.peers.trl_ppo"
+MODULE = "colocate.bench.peers.trl_ppo"
 
 
 def _cli(*args: str, prelude: str = "") -> list[str]:

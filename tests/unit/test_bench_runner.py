@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.runner import fits_beside, grouped_order
+from colocate.bench.runner import fits_beside, grouped_order
 
 MODES = ["sequential", "intra", "inter", "oppo"]
 BUDGET = {"sequential": (2, 2), "inter": (2, 2), "intra": (1, 1), "oppo": (1, 1)}.get

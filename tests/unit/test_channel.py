@@ -11,8 +11,8 @@ import msgspec
 import pytest
 import zmq
 
-from colocate.errors import ColocateError
-from engine.channel import (
+from colocate.engine.errors import EngineError
+from colocate.engine.channel import (
     AsyncReceiver,
     AsyncSender,
     ChannelFullError,
@@ -193,7 +193,7 @@ def test_async_full_channel_is_a_clear_error(ipc_endpoint):
     "tcp://localhost.evil.com:1", "ipc://" + "x" * 200, None, 5555,
 ])
 def test_non_local_or_malformed_endpoints_are_refused(endpoint):
-    with pytest.raises(ColocateError, match="overlap.endpoint") as err:
+    with pytest.raises(EngineError, match="overlap.endpoint") as err:
         validate_endpoint(endpoint)
     assert "\n" not in str(err.value)
 
@@ -202,12 +202,12 @@ def test_local_endpoints_are_accepted_and_star_only_binds():
     for ep in ["ipc:///tmp/x.sock", "tcp://127.0.0.1:5555", "tcp://localhost:1",
                "tcp://[::1]:65535", "tcp://127.0.0.1:*"]:
         assert validate_endpoint(ep) == ep
-    with pytest.raises(ColocateError, match="only bind"):
+    with pytest.raises(EngineError, match="only bind"):
         Sender("tcp://127.0.0.1:*")
 
 
 def test_endpoint_in_use_is_a_one_line_config_error():
     with Receiver("tcp://127.0.0.1:*") as rx:
-        with pytest.raises(ColocateError, match="overlap.endpoint: cannot bind") as err:
+        with pytest.raises(EngineError, match="overlap.endpoint: cannot bind") as err:
             Receiver(rx.endpoint)
         assert "\n" not in str(err.value)

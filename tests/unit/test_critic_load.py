@@ -9,7 +9,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
 from colocate.models import build_tiny_causal_lm
-from trainer.critic import VALUE_HEAD_FILE, ValueModel
+from colocate.trainer.critic import VALUE_HEAD_FILE, ValueModel
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

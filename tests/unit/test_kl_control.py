@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trainer.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller
+from colocate.trainer.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller
 
 
 def test_adaptive_kl_controller_matches_hand_computation_and_round_trips():

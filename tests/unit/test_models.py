@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from colocate import models
-from colocate.errors import ColocateError, ModelSourceError
+from colocate.errors import USER_ERRORS, ModelSourceError
 
 torch.set_num_threads(1)
 
@@ -108,7 +108,7 @@ def test_model_architecture_names_the_missing_path(tmp_path):
     with pytest.raises(ModelSourceError, match="colocate prepare") as info:
         models.model_architecture(missing)
     assert str(missing) in str(info.value)
-    assert isinstance(info.value, ColocateError)
+    assert isinstance(info.value, USER_ERRORS)
     with pytest.raises(ModelSourceError, match="no config.json"):
         models.model_architecture(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))

@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainer import ppo_math as pm
+from colocate.trainer import ppo_math as pm
 
 # (T, row lengths, seed)
 EDGES = [(3, (0, 3), 0), (3, (1, 1, 2), 1), (1, (1,), 2), (1, (0, 1), 3), (4, (0, 0), 4),

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colocate.errors import ColocateError, ConfigError
-from engine.rollout import Sample
-from engine.scheduler import (
+from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.engine.rollout import Sample
+from colocate.engine.scheduler import (
     ChunkSizeTuner,
     ChunkTunerConfig,
     DeltaController,
@@ -69,11 +69,11 @@ def test_delta_fixed_mode_flat_rewards_and_nan():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match="overlap.delta_init"):
+    with pytest.raises(EngineConfigError, match="overlap.delta_init"):
         SchedulerConfig(delta_init=9, delta_max=8)
-    with pytest.raises(ConfigError, match="overlap.window"):
+    with pytest.raises(EngineConfigError, match="overlap.window"):
         SchedulerConfig(window=1)
-    with pytest.raises(ConfigError, match="overlap.retune_every"):
+    with pytest.raises(EngineConfigError, match="overlap.retune_every"):
         ChunkTunerConfig(candidates=(16, 32, 64), retune_every=2)
 
 
@@ -141,12 +141,12 @@ def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
 def test_select_refuses_missing_samples_and_overrun_budgets():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1))
     plan = sched.plan(factory(budget=2), 0)
-    with pytest.raises(ColocateError, match="every launched sample"):
+    with pytest.raises(EngineError, match="every launched sample"):
         sched.select(plan.launch[:1])
     plan.launch[0].output_ids += [1, 2, 3]
-    with pytest.raises(ColocateError, match="overran its budget"):
+    with pytest.raises(EngineError, match="overran its budget"):
         sched.select(plan.launch)
-    with pytest.raises(ColocateError, match="before select"):
+    with pytest.raises(EngineError, match="before select"):
         sched.plan(factory(), 0)
 
 
@@ -189,7 +189,7 @@ def test_chunk_tuner_picks_fastest_and_retunes_every_n():
     assert used == [16, 32, 64, 32, 32, 16, 32, 64, 16, 16]
     fixed = ChunkSizeTuner(ChunkTunerConfig(adaptive=False, fixed=48))
     assert {fixed.chunk_for_step(s) for s in range(100)} == {48}
-    with pytest.raises(ColocateError, match="took"):
+    with pytest.raises(EngineError, match="took"):
         tuner.record(0, 16, float("nan"))
 
 
@@ -219,7 +219,7 @@ def test_scheduler_state_round_trips_through_json():
     assert fresh.deferred == sched.deferred and fresh.deferred[0].output_ids == [7, 7, 7]
     a, b = sched.plan(factory(), 1), fresh.plan(factory(), 1)
     assert [s.index for s in a.launch] == [s.index for s in b.launch] == [1, 2, 3]
-    with pytest.raises(ColocateError, match="between steps"):
+    with pytest.raises(EngineError, match="between steps"):
         sched.state_dict()
 
 

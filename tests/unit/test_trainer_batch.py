@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.batch import logits_kept, make_batch, response_logits, response_values
-from trainer.forward import agg_denominator
+from colocate.trainer.batch import logits_kept, make_batch, response_logits, response_values
+from colocate.trainer.forward import agg_denominator
 
 PAD = 0
 

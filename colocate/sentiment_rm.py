@@ -34,7 +34,7 @@ import torch
 from colocate.errors import ModelSourceError
 from colocate.models import MARKER_NAME, _install_atomically, _marker_matches, default_cache_dir, prepare_smollm2
 from colocate.tasks import sentiment_prompts
-from trainer.distill_data import Example, build_examples, generate_responses
+from colocate.distill_data import Example, build_examples, generate_responses
 
 MARKER_FORMAT = 1
 END_OF_TEXT = "<|endoftext|>"  # the RM's pad token: SmolLM2 pads with EOS, and HF pools the last non-pad
