@@ -37,16 +37,24 @@ class ValueModel(nn.Module):
     def config(self):  # noqa: ANN201 - the backbone's transformers config
         return self.model.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask: [B, L] -> values [B, L] (float32)."""
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, attention_mask, position_ids: [B, L] -> values [B, L] (float32).
+
+        Packed rows (`trainer/packed.py`): no attention mask, position ids restarting at
+        each sequence. No KV cache: with one, transformers would not detect packed rows.
+        """
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state  # [B, L, H]
         values = self.value_head(hidden).squeeze(-1)  # [B, L]
         return values.to(torch.float32, copy=True)  # a copy, not a view: FSDP2 hooks the output
 
     @classmethod
     def from_pretrained(
         cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, seed: int = 0,
-        trust_remote_code: bool = False,
+        trust_remote_code: bool = False, attn_implementation: str | None = None,
     ) -> ValueModel:
         """Backbone of the model in `path`; the head from `value_head.safetensors` if present, else new.
 
@@ -58,6 +66,8 @@ class ValueModel(nn.Module):
         from .model_files import model_architecture
 
         kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+        if attn_implementation is not None:
+            kw["attn_implementation"] = attn_implementation
         backbone = None
         if model_architecture(path).endswith("ForCausalLM"):
             # loaded as the causal LM it is, then its LM head dropped: AutoModel on a causal

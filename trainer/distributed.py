@@ -3,8 +3,8 @@
 Owns: joining (or creating) the process group (`init_distributed`), FSDP2 sharding of a
 decoder-only model (`shard_model`: each decoder layer, then the root), gathering a full
 HF-named state dict to rank 0 (`full_state_dict`), broadcasting rollout data from rank 0
-(`broadcast_object`), and splitting/gathering batch rows across ranks (`rank_rows`,
-`gather_rows`).
+(`broadcast_object`), splitting/gathering batch rows across ranks (`rank_rows`,
+`gather_rows`), and element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
 (tests use 1-2 ranks on loopback), nccl on CUDA with gloo beside it for host tensors
@@ -184,4 +184,12 @@ def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
     total = values.detach().clone()
     if info.world_size > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def all_reduce_max(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Element-wise maximum over ranks (a new tensor; `values` is left alone)."""
+    total = values.detach().clone()
+    if info.world_size > 1:
+        dist.all_reduce(total, op=dist.ReduceOp.MAX)
     return total

@@ -1,13 +1,17 @@
 """Forward passes of the PPO models over a `TrainBatch`, restricted to response positions.
 
-Owns: the policy forward (per-token log-probs and entropy of the response tokens),
-the critic forward (values of the states that emit each response token), micro-batched
-no-grad evaluation, and the loss-aggregation denominators that make micro-batched and
+Owns: the policy forward (per-token log-probs and entropy of the response tokens) and
+the critic forward (values of the states that emit each response token), each in two
+forms with the same [b, T] results: right-padded rows (`policy_forward`,
+`value_forward`) and one padding-free packed row (`packed_policy_forward`,
+`packed_value_forward`, see `trainer/packed.py`); no-grad evaluation over a micro-batch
+plan (`evaluate_plan`); and the loss-aggregation denominators that make micro-batched and
 multi-rank losses equal the loss of the whole minibatch.
 
-Leaves out: the PPO losses themselves (`trainer/ppo_math.py`), ranks and optimizers
-(`trainer/ppo_trainer.py`). Inputs are trimmed of all-padding columns before a forward:
-with right padding and a causal model that changes no result.
+Leaves out: the PPO losses themselves (`trainer/ppo_math.py`), which rows form a
+micro-batch (`trainer/packing.py`), ranks and optimizers (`trainer/ppo_trainer.py`).
+Padded inputs are trimmed of all-padding columns before a forward: with right padding
+and a causal model that changes no result.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ import torch
 from torch import nn
 
 from .batch import TrainBatch, logits_kept, response_logits, response_values
+from .packed import idle_batch, pack, unpack
+from .packing import Plan
 from .ppo_math import entropy_from_logits, token_logprobs_from_logits
+
+ROWS_PER_CHUNK = 1024  # packed log-softmax over at most this many positions at a time (bounds memory)
 
 
 def policy_forward(
@@ -58,14 +66,53 @@ def value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:
     return response_values(values, batch)  # [B, T]
 
 
+def packed_policy_forward(
+    model: nn.Module, batch: TrainBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`policy_forward` over one packed row: the same (logp [b, T], entropy [b, T] or None).
+
+    The LM head runs only at the positions that predict response tokens.
+    """
+    packed = pack(batch)
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    if _takes_logits_to_keep(model):
+        logits = model(**inputs, logits_to_keep=packed.keep).logits[0]  # [n, V]
+    else:
+        logits = model(**inputs).logits[0, packed.keep]  # [n, V]
+    parts = zip(logits.split(ROWS_PER_CHUNK), packed.targets.split(ROWS_PER_CHUNK))
+    flat = torch.cat([token_logprobs_from_logits(x[None], y[None], temperature)[0] for x, y in parts])  # [n]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            scaled = logits.detach() / temperature  # [n, V]
+            flat_entropy = torch.cat([entropy_from_logits(x[None])[0] for x in scaled.split(ROWS_PER_CHUNK)])
+            entropy = unpack(flat_entropy, packed)  # [b, T]
+    return unpack(flat, packed), entropy
+
+
+def packed_value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:
+    """`value_forward` over one packed row: values [b, T] (0 on padding)."""
+    packed = pack(batch)
+    values = critic(packed.input_ids, None, position_ids=packed.position_ids)  # [1, N]
+    return unpack(values[0, packed.keep], packed)  # [b, T]
+
+
 @torch.no_grad()
-def evaluate_rows(
-    fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch, micro_batch: int, device: torch.device
+def evaluate_plan(
+    fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch, plan: Plan, device: torch.device
 ) -> torch.Tensor:
-    """fn over `batch` in micro-batches of `micro_batch` rows, without grad -> concatenated rows on `device`."""
-    rows = torch.arange(batch.size)
-    parts = [fn(batch.select(idx).to(device)) for idx in rows.split(max(1, micro_batch))]
-    return torch.cat(parts)
+    """fn over this rank's micro-batches of `batch` without grad -> [B, T] float32 on `device`:
+    each planned row's results, 0 on rows of other ranks (so a sum over ranks is exact).
+    An idle (empty) micro-batch still runs `fn` on a one-token row: FSDP's collectives
+    need every rank to run the same forwards."""
+    out = torch.zeros(batch.responses.shape, dtype=torch.float32, device=device)  # [B, T]
+    for rows in plan:
+        if not rows:
+            fn(idle_batch(batch).to(device))
+            continue
+        idx = torch.tensor(rows, dtype=torch.long)
+        out[idx.to(device)] = fn(batch.select(idx).to(device)).float()
+    return out
 
 
 def agg_denominator(mask: torch.Tensor, mode: str) -> torch.Tensor:

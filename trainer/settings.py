@@ -1,0 +1,110 @@
+"""`TrainerSettings`: every knob of the PPO trainer, frozen and checked at construction.
+
+Owns: the settings dataclass, its validation (one `TrainerConfigError` naming the bad
+keys) and the derived values (`critic_source`, `torch_dtype`, `attn_implementation`,
+`token_budget`).
+
+Leaves out: what the knobs do (`trainer/ppo_trainer.py`, `trainer/forward.py`,
+`trainer/packing.py`) and how a run's config maps onto them (`colocate/builder.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+
+from . import ppo_math
+from .errors import TrainerConfigError
+
+OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    actor_path: str
+    critic_path: str | None = None  # None: the critic's backbone is the actor's
+    dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
+    device: str = "cpu"
+    seed: int = 0
+    actor_lr: float = 2e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    minibatches: int = 2
+    clip_eps: float = 0.2
+    value_clip_eps: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_estimator: str = "k1"
+    whiten_advantages: bool = True
+    loss_agg: str = "token-mean"
+    value_coef: float = 1.0
+    is_cap: float | None = None  # truncated-IS cap for tokens sampled under other weights
+    max_staleness: int | None = None  # train only on tokens at most this many versions old
+    temperature: float = 1.0  # sampling temperature the behaviour logprobs were taken at
+    # packing=True: each micro-batch's rows concatenated into one padding-free row of at most
+    # micro_batch_tokens tokens (prompt + response; a longer row gets its own micro-batch),
+    # rows balanced over ranks by tokens. packing=False: right-padded rows, micro_batch rows each.
+    # Runs get packing from the config (ppo.packing, default true); the bare dataclass keeps
+    # the padded trainer it always had.
+    packing: bool = False
+    micro_batch_tokens: int = 0  # 0: `token_budget` picks one for the attention path
+    micro_batch: int = 8  # packing=False: rows per forward pass (bounds activation memory)
+    # where old log-probs come from: "recompute" (a no-grad actor pass) or "rollout" (the
+    # engine's sampling log-probs of tokens sampled under the current weights; rows holding
+    # tokens of older weights are recomputed, see trainer/rollout_logp.py)
+    old_logp: str = "recompute"
+    host_offload: str = "pinned"  # CUDA offload target: reused page-locked buffers, or "pageable" (module.to)
+    trust_remote_code: bool = False  # let transformers run code the model folders ship
+
+    def __post_init__(self) -> None:
+        checks = {
+            "dtype": self.dtype in ("float32", "bfloat16", "float16"),
+            "loss_agg": self.loss_agg in ppo_math.AGG_MODES,
+            "kl_estimator": self.kl_estimator in ppo_math.KL_KINDS,
+            "epochs": self.epochs >= 1,
+            "minibatches": self.minibatches >= 1,
+            "micro_batch": self.micro_batch >= 1,
+            "micro_batch_tokens": self.micro_batch_tokens >= 0,
+            "old_logp": self.old_logp in OLD_LOGP_SOURCES,
+            "host_offload": self.host_offload in ("pinned", "pageable"),
+            "temperature": self.temperature > 0,
+            "is_cap": self.is_cap is None or self.is_cap > 0,
+            "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
+        }
+        bad = [key for key, ok in checks.items() if not ok]
+        if bad:
+            raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
+
+    @property
+    def critic_source(self) -> str:
+        return self.critic_path or self.actor_path
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def attn_implementation(self) -> str | None:
+        """transformers' attention for the trainer's models: flash-attention 2 (varlen over
+        packed rows, no cross-sequence work) on CUDA in half precision when `flash_attn` is
+        installed, else None: transformers' default, sdpa where the model supports it
+        (packed: a block-diagonal causal mask, so its work grows with the square of the
+        packed row's length; on our CPU 2-4x faster than eager, and flex attention has no
+        CPU backward in torch 2.14)."""
+        flash = (self.packing and self.device.startswith("cuda") and self.dtype != "float32"
+                 and importlib.util.find_spec("flash_attn") is not None)
+        return "flash_attention_2" if flash else None
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens per packed micro-batch: `micro_batch_tokens`, or with 0 (auto) 8192 under
+        flash-attention and 1024 under sdpa, whose masked attention over a packed row of N
+        tokens costs ~N^2: measured on our CPU (one thread, SmolLM2's 9 heads x 64, fwd+bwd
+        of one layer) 1.2x the MLP's matmuls at N=1200, 2.8x at 2400, 4.5x at 4000."""
+        if self.micro_batch_tokens:
+            return self.micro_batch_tokens
+        return 8192 if self.attn_implementation == "flash_attention_2" else 1024
