@@ -17,6 +17,7 @@ import json
 import signal
 import threading
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -117,8 +118,10 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
     """Responses of ``model`` (a run folder, checkpoint, model folder or alias) to ``prompts``
     -> ``colocate.sample.Generation`` items; ``options``: `colocate.sample.SampleOptions` fields
     (max_new_tokens, temperature, top_p, seed, device, dtype, chat)."""
+    from colocate.guards import check_main_guard
     from colocate.sample import SampleOptions, generate as sample
 
+    check_main_guard(sys.modules["__main__"], "colocate.api.generate")
     return sample(str(model), list(prompts), SampleOptions(**options))
 
 
@@ -126,12 +129,20 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
           callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False) -> Summary:
     """Run PPO as configured. ``reward_fns(record, text)`` (sync or async) add to the reward
     model's score (or replace it with ``reward.kind=rule``); ``callbacks`` get each step's
-    metrics."""
+    metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
+    keep that run's models and data (``colocate.resume.FIXED``;
+    ``colocate.resume.load_run_config`` gives the run's own config)."""
     from colocate import builder, loop
+    from colocate.guards import check_main_guard
     from colocate.metrics import read
 
+    check_main_guard(sys.modules["__main__"])
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))
+    if resume is not None:
+        from colocate.resume import check_resume
+
+        check_resume(cfg, resume, log)  # before any engine starts
     session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log)
     stop = StopRequest()
     progress = None

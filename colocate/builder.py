@@ -17,8 +17,9 @@ import torch
 from colocate.config import Config
 from colocate.errors import ConfigError
 from colocate.guards import check_world_size
-from colocate.rollout_phase import RewardFn
+from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.model_aliases import resolve_model
+from colocate.preflight import check_contexts
 from colocate.session import RunState, Session, tokenize_prompts
 from colocate.timesharing import TimeSharing
 
@@ -87,6 +88,7 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
         max_grad_norm=p.max_grad_norm, epochs=p.epochs, minibatches=p.minibatches, clip_eps=p.clip_eps,
         value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,
         whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
+        packing=p.packing, micro_batch_tokens=p.micro_batch_tokens, old_logp=p.old_logp,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
         temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code,
@@ -133,7 +135,6 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     from colocate.wandb_log import check_available
 
     check_available(cfg.run)  # before anything starts
-    random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:
         torch.set_num_threads(cfg.run.train_threads)
@@ -150,15 +151,20 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if path is not None:
             check_remote_code(path, field, trusted)
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
-    fns = _reward_fns(cfg, reward_fns)
+    reward_errors = RewardFnErrors()
+    fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts, eval_prompts = _data(cfg, tokenizer)
     actor = reward = overlap = None
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path)
+    check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
     if dist.rank == 0:
         actor, reward = _engines(cfg, actor_cfg, reward_cfg)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
             + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
+    # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
+    # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
+    random.seed(cfg.run.seed)
     try:
         trainer = make_trainer(cfg, actor_path, critic_path, dist)
         p = cfg.ppo
@@ -172,7 +178,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,
-                          eval_prompts=eval_prompts)
+                          eval_prompts=eval_prompts, reward_errors=reward_errors)
         if resume is not None:
             session.restore(Path(resume))
     except BaseException:

@@ -3,7 +3,8 @@
 Owns: writing a checkpoint folder (trainer state, run state incl. KL controller, data
 position, RNG and the deferred buffer) so that a crash mid-write never damages the last
 good one: everything is written into a temporary sibling, a manifest with SHA-256
-checksums is added, and the folder is renamed into place. Loading verifies the manifest.
+checksums (and a JSON ``meta``: the models the run trains) is added, and the folder is
+renamed into place. Loading verifies the manifest.
 
 Leaves out: what the states contain (the trainer and the loop produce them).
 """
@@ -36,8 +37,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``parts`` (name → torch-serialisable object) as ``root/step_XXXXXXXX``."""
+def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict[str, Any] | None = None) -> Path:
+    """Write ``parts`` (name → torch-serialisable object) as ``root/step_XXXXXXXX``; ``meta``
+    (JSON: e.g. the models the run trains) goes into the manifest, readable without torch."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
@@ -48,7 +50,8 @@ def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2) -> Path:
         path = tmp / f"{name}.pt"
         torch.save(obj, path)
         files[path.name] = _sha256(path)
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    record = {"step": step, "files": files} | ({"meta": meta} if meta else {})
+    (tmp / MANIFEST).write_text(json.dumps(record, indent=1))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -72,6 +75,12 @@ def latest(path: Path, what: str = "--resume") -> Path:
         if (cand / MANIFEST).is_file():
             return cand
     raise CheckpointError(f"{what}: no checkpoint under '{path}' (expected step_*/manifest.json)")
+
+
+def manifest(path: Path) -> dict[str, Any]:
+    """A checkpoint folder's manifest: ``step``, ``files`` and ``meta`` (``{}`` in checkpoints
+    written before it was recorded)."""
+    return {"meta": {}} | json.loads((Path(path) / MANIFEST).read_text())
 
 
 def load(path: Path, only: tuple[str, ...] | None = None, what: str = "--resume") -> tuple[int, dict[str, Any]]:

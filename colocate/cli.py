@@ -49,7 +49,8 @@ def main() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config field, e.g. --set run.steps=5 --set ppo.epochs=2.")
 @click.option("--resume", type=click.Path(file_okay=False), default=None,
-              help="Continue from a run folder (or one of its checkpoints).")
+              help="Continue a run folder (or one of its checkpoints) with its own config.json; "
+                   "CONFIG and --set apply on top of it.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @_friendly
 def train(config, overrides, resume, print_config):
@@ -61,11 +62,13 @@ def train(config, overrides, resume, print_config):
       colocate train
       colocate train my.yaml --set run.steps=50 --set rollout.batch_size=16
       colocate train --resume runs/default
+      colocate train --resume runs/default --set run.steps=40
     """
     from colocate import api
     from colocate.config import dump_yaml, load_config
+    from colocate.resume import load_run_config
 
-    cfg = load_config(config, list(overrides))
+    cfg = load_run_config(resume, config, overrides) if resume else load_config(config, list(overrides))
     if print_config:
         click.echo(dump_yaml(cfg))
         return
@@ -73,27 +76,56 @@ def train(config, overrides, resume, print_config):
     click.echo(summary.describe())
 
 
+def _bench_default(module: str, cls: str, field: str):
+    """A bench option's default, read from its options dataclass when the command runs
+    (so `colocate train` never imports the bench)."""
+    import importlib
+
+    return lambda: getattr(getattr(importlib.import_module(f"colocate.bench.{module}"), cls)(), field)
+
+
 @main.command()
 @click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
 @click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
-@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task (default: the preset's).")
+@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task,reasoning (default: the preset's).")
 @click.option("--modes", default="sequential,intra,inter,oppo", show_default=True, help="Comma list of modes.")
-@click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's, 3).")
+@click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's).")
 @click.option("--steps", type=int, default=0, help="Measured steps per mode and repeat (default: the preset's).")
 @click.option("--no-peer", is_flag=True, help="Skip the TRL PPO peer.")
 @click.option("--chunk-size", type=int, default=16, show_default=True, help="Streamed-scoring chunk (tokens).")
 @click.option("--delta", type=int, default=2, show_default=True, help="Extra requests launched per step (Δ).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Config override of every bench run (repeatable), e.g. --set ppo.epochs=1.")
+@click.option("--contended-above", type=float, default=_bench_default("contention", "GuardOptions", "limit_cores"),
+              show_default="0.25", help="Cores other processes may use during a step before it is contended "
+              "(left out of the medians).")
+@click.option("--quiet-wait", type=float, default=_bench_default("contention", "GuardOptions", "quiet_wait_s"),
+              show_default="10", help="Seconds to wait at most for a quiet machine before each step (0: never).")
+@click.option("--convergence", is_flag=True,
+              help="Time to reward instead of throughput: sequential vs oppo on the default task, held-out "
+              "reward vs training seconds.")
+@click.option("--convergence-steps", type=int,
+              default=_bench_default("convergence", "ConvergenceOptions", "steps"), show_default="30",
+              help="--convergence: PPO steps per mode.")
+@click.option("--eval-every", type=int,
+              default=_bench_default("convergence", "ConvergenceOptions", "eval_every"), show_default="3",
+              help="--convergence: held-out evaluation every N steps.")
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
-def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, out):
+def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, overrides, contended_above,
+          quiet_wait, convergence, convergence_steps, eval_every, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
-    peer, the lower bound; writes report.md, results.json and plots.
+    peer, the lower bound; writes report.md, results.json and plots. With
+    --convergence: time to reward (sequential vs oppo) instead.
 
     \b
     Examples:
       colocate bench --quick
-      colocate bench --full --workloads longtail,task --repeats 5
+      colocate bench --full --workloads reasoning --repeats 5
+      colocate bench --full --convergence --convergence-steps 30
     """
+    from colocate.bench.contention import GuardOptions
+    from colocate.bench.convergence import ConvergenceOptions
     from colocate.bench.suite import BenchOptions, run
     from colocate.bench.workloads import MODES, WORKLOADS
 
@@ -102,11 +134,16 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
     bad = [m for m in mode_list if m not in MODES] + [w for w in wl if w not in WORKLOADS]
     if bad:
         raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)}, workloads {sorted(WORKLOADS)}")
+    if convergence and (convergence_steps < 1 or eval_every < 1):
+        raise ColocateError("--convergence-steps and --eval-every must be >= 1")
+    conv = ConvergenceOptions(steps=convergence_steps, eval_every=eval_every) if convergence else None
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
-                        peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta)
+                        peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta, overrides=tuple(overrides),
+                        guard=GuardOptions(limit_cores=contended_above, quiet_wait_s=quiet_wait), convergence=conv)
     folder = run(opts, log=lambda m: click.echo(m, err=True))
     click.echo((folder / "report.md").read_text())
-    click.echo(f"\nwritten: {folder}/report.md, results.json, *_timeline.png, *_reward.png")
+    plots = "convergence.png" if convergence else "*_timeline.png, *_reward.png"
+    click.echo(f"\nwritten: {folder}/report.md, results.json, {plots}")
 
 
 @main.command()

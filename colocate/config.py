@@ -57,6 +57,8 @@ class RewardConfig:
     kind: Literal["model", "rule"] = "model"
     rule: str | None = None  # kind=rule: "vader" (sentiment) or "reasoning-gym" (the task's scorer)
     scale: float = 1.0
+    # a Python/rule reward function that raises: fail the step (raise) or score 0.0 and count it (zero)
+    on_error: Literal["raise", "zero"] = "raise"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,9 @@ class PPOConfig:
     whiten_advantages: bool = True
     loss_agg: str = "token-mean"
     value_coef: float = 1.0
+    packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
+    micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 1024 with sdpa, 8192 with flash-attention)
+    old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,9 +255,9 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file, then ``overrides``; validated."""
-    cfg = Config()
+def load_config(path: str | Path | None = None, overrides: list[str] = (), base: Config | None = None) -> Config:
+    """Defaults (or ``base``: e.g. a resumed run's config), then the YAML file, then ``overrides``; validated."""
+    cfg = base if base is not None else Config()
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -293,6 +298,7 @@ def validate(cfg: Config) -> None:
          "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
         (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
         (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
+        (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
     ]
     for ok, message in checks:
         if not ok:
@@ -308,6 +314,11 @@ def _safe_candidates(text: str) -> list[int]:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """The inverse of :func:`to_dict` (a run's ``config.json``); missing keys keep their defaults."""
+    return _apply(Config(), data)
 
 
 def dump_yaml(cfg: Config) -> str:

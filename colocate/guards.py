@@ -3,7 +3,9 @@
 Owns: the weight-version agreement between the trainer and the actor engine (every
 sampled token carries the version the engine reports; none may be newer than the
 trainer's, and in the sequential modes all must equal it), and the batch/world-size
-agreement checked at start-up. Pure functions over plain Python values.
+agreement checked at start-up, and that the user's script guards its entry point (SGLang
+spawns its scheduler processes, which re-import the script). Pure functions over plain
+Python values (the guard check reads the script's source).
 
 Leaves out: non-finite rewards/advantages/losses/grads (the loop and ``trainer.optim``
 skip those updates with a logged reason), engine liveness (``engine.runtime``).
@@ -11,6 +13,9 @@ skip those updates with a logged reason), engine liveness (``engine.runtime``).
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+from types import ModuleType
 from typing import Sequence
 
 from colocate.errors import ColocateError, ConfigError
@@ -50,3 +55,41 @@ def check_world_size(batch_size: int, minibatches: int, world_size: int) -> None
             f"rollout.batch_size: {batch_size} / ppo.minibatches {minibatches} = {rows} rows per "
             f"minibatch do not split over {world_size} ranks; make rollout.batch_size a multiple "
             f"of {minibatches * world_size}")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either operand order)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+def check_main_guard(main: ModuleType, entry: str = "colocate.api.train") -> None:
+    """Exit with one line (SystemExit, no traceback) when the running script has no
+    ``if __name__ == "__main__":`` guard.
+
+    SGLang starts each engine's scheduler with the ``spawn`` method, which re-imports the
+    script that started Python; without the guard that re-import runs the training code
+    again inside the child, which dies while starting, and the user would see a traceback
+    about a failed scheduler. The script cannot work as written, so this is an exit with the
+fix, not an exception to handle. An interactive session or notebook (no source file) passes."""
+    if main.__dict__.get("__name__") == "__mp_main__":  # we are the spawned re-import itself
+        source_ok = False
+    else:
+        path = getattr(main, "__file__", None)
+        if not path or not str(path).endswith(".py") or not Path(path).is_file():
+            return
+        try:
+            tree = ast.parse(Path(path).read_text(), str(path))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            return
+        source_ok = any(_is_main_guard(node) for node in tree.body)
+    if not source_ok:
+        where = getattr(main, "__file__", "your script")
+        raise SystemExit(
+            f"error: {where} calls {entry} at import time: SGLang starts its engine processes with "
+            "the spawn method, which re-imports the script; put the calls under "
+            "`if __name__ == \"__main__\":`")

@@ -89,8 +89,8 @@ def step(s: Session) -> dict[str, Any]:
         s.timesharing.sleep_engines()
     with timer("ref"):
         ref_logp = s.trainer.ref_logprobs(batch)
-    with timer("old_logp"):
-        old_logp = s.trainer.old_logprobs(batch)
+    with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
+        old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version)
     with timer("values"):
         values = s.trainer.values(batch)
     with timer("advantages"):
@@ -136,6 +136,7 @@ def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[
         "response_tokens_per_s": n_tokens / step_s,
         "trained_samples_per_s": len(data.scores) / step_s,
         "mem/rss_mb": mlog.rss_mb(),
+        "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
         **{f"time/{k}": v for k, v in timer.seconds.items()},
         **{f"overlap/{k}": v for k, v in data.stats.items()},
         **{f"actor/{k}": v for k, v in actor_stats.items()},

@@ -5,7 +5,9 @@ scores of samples that finished after the cut (trained first next step), and the
 feeder — an asyncio task beside the engines, or its own process with its own reward
 engine (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Overlap.rollout` plans B(+Δ) samples, runs them with streamed and/or one-shot
-scoring, cuts after the first B, and hands back what to train on.
+scoring, cuts after the first B, and hands back what to train on, with the step's stats
+(incl. the ZeroMQ frames either end of the feeder channel refused or lost during the step;
+the feeder's counts come with its heartbeats, so they lag it by at most 0.5 s).
 
 Leaves out: training and the sequential mode (``colocate.rollout_phase``).
 """
@@ -69,6 +71,7 @@ class Overlap:
         self.ready_scores: dict[int, float] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
         self.client: ScoreClient | None = None
+        self._channel_seen: dict[str, int] = {}  # channel counts reported so far
         self._feeder_task = self._feeder_proc = None
         if o.streamed:
             self._start_feeder(feeder_engine, log)
@@ -157,7 +160,8 @@ class Overlap:
             self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
             client=self.client, chunk=chunk,
             cut_after=need if self.cfg.overlap.deferral else None,
-            extra_score=self._rule_score if self.reward_fns else None))
+            extra_score=self._rule_score if self.reward_fns else None,
+            score_timeout_s=self.cfg.overlap.feeder_timeout_s))
         self.tuner.record(step, chunk, time.perf_counter() - started)
         self.ready_scores.update(res.scores)
         ended = res.completed + res.unfinished
@@ -168,8 +172,19 @@ class Overlap:
         stats = {"deferred": len(self.scheduler.deferred), "delta": self.scheduler.delta,
                  "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch),
-                 **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()}}
+                 **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
+                 **self._channel_stats()}
         return OverlapRollout(train, scores, res.seconds, stats)
+
+    def _channel_stats(self) -> dict[str, int]:
+        """Frames refused (malformed) or lost (dropped connections, discarded chunks) on the
+        feeder channel since the last step; nothing without streamed scoring."""
+        if self.client is None:
+            return {}
+        now = self.client.channel_counts()
+        delta = {f"channel_{k}": v - self._channel_seen.get(k, 0) for k, v in now.items()}
+        self._channel_seen = now
+        return delta
 
     def score_whole(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], step: int) -> list[float]:
         """Reward-model scores of complete (prompt ids, response ids) pairs through the

@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 from colocate.engine import reward as rm
 from colocate.engine import rollout
 from colocate.engine.rollout import Sample
+from colocate.reward_fns import RewardFn  # noqa: F401  (re-exported: the reward functions' type)
 
-RewardFn = Callable[[dict[str, Any], str], Any]  # (prompt record, response text) -> float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +79,14 @@ async def score_samples(
     reward_fns: Sequence[RewardFn] = (),
     decode: Callable[[list[int]], str] | None = None,
     tag: str,
+    step: int | None = None,
 ) -> list[float]:
-    """Sum of the reward model's score (if any) and every reward function's value."""
+    """Sum of the reward model's score (if any) and every reward function's value. A reward
+    request the engine refuses raises one `RewardRequestError` line naming (step, sample)."""
     totals = [0.0] * len(samples)
     if reward_engine is not None:
         seqs = [list(p.ids) + s.output_ids for s, p in zip(samples, prompts)]
-        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag)):
+        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag, step=step)):
             totals[i] += v
     if reward_fns:
         texts = [decode(s.output_ids) for s in samples]
@@ -110,6 +112,7 @@ def run_sequential(
     run_guarded(engines, rollout.generate(actor, samples, sampling, tag))
     t1 = time.perf_counter()
     scores = run_guarded(engines, score_samples(
-        samples, prompts, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm"))
+        samples, prompts, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm",
+        step=step))
     t2 = time.perf_counter()
     return RolloutOutput(samples, scores, {"generate": t1 - t0, "reward_tail": t2 - t1})

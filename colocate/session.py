@@ -1,9 +1,11 @@
-"""Building a run: models resolved, engines started (rank 0), trainer built, data loaded.
+"""What a PPO run holds between steps, and the operations on it.
 
-Owns: :class:`Session`, everything a PPO run holds between steps, and its construction
-from a :class:`~colocate.config.Config` — including resuming from a checkpoint (trainer,
-KL controller, data position, weight version, RNG) and pushing the restored actor weights
-into the engine. Leaves out: the step itself (``colocate.loop``).
+Owns: :class:`Session` (config, process group, trainer, engines on rank 0, prompts, KL
+controller, :class:`RunState`), the plain-Python snapshot that lets a failed rollout
+checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
+controller, data position, weight version, RNG, the deferred buffer) and pushing the actor
+weights into the engine. Leaves out: construction and start-up order (``colocate.builder``)
+and the step itself (``colocate.loop``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 from colocate import checkpoint, weight_sync
 from colocate.config import Config
 from colocate.errors import ConfigError
+from colocate.resume import check_checkpoint, shapes
+from colocate.reward_fns import RewardFnErrors
 from colocate.rollout_phase import Prompt, RewardFn
 from colocate.timesharing import TimeSharing
 
@@ -74,6 +78,7 @@ class Session:
     _snapshot: dict[str, Any] | None = None
     on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
     eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
+    reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
 
     @property
     def stop_ids(self) -> list[int]:
@@ -149,11 +154,15 @@ class Session:
         parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"]}
         if plain["overlap"] is not None:
             parts["overlap"] = plain["overlap"]
+        meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
         return checkpoint.save(self.out_dir / "checkpoints", plain["run"]["step"], parts,
-                               keep=self.cfg.run.keep_checkpoints)
+                               keep=self.cfg.run.keep_checkpoints, meta=meta)
 
     def restore(self, path: Path) -> None:
-        step, parts = checkpoint.load(checkpoint.latest(path))
+        where = checkpoint.latest(path)
+        step, parts = checkpoint.load(where)
+        live = {part: shapes(getattr(self.trainer, part).state_dict()) for part in ("actor", "critic")}
+        check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])
         self.state = RunState(**parts["run"])
         self.kl_ctl.load_state_dict(self.state.kl)

@@ -152,10 +152,7 @@ def reasoning_gym_reward(task: str) -> RewardFn:
     def reward(prompt_meta: Mapping[str, Any], response_text: str) -> float:
         answer = extract_answer(response_text)
         answer = response_text.strip() if answer is None else answer
-        try:
-            return float(score_answer(answer, dict(prompt_meta)))
-        except Exception:  # noqa: BLE001 - a scorer fed arbitrary model text must not stop training
-            return 0.0
+        return float(score_answer(answer, dict(prompt_meta)))  # raising: reward.on_error decides
 
     return reward
 

@@ -30,11 +30,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .errors import EngineConfigError, EngineError
 from .wire import (  # re-exported: the channel's vocabulary
-    MESSAGE_TYPES, Heartbeat, Message, Reorderer, ScoreResult, Shutdown, TokenChunk)
+    MESSAGE_TYPES, Heartbeat, Message, Reorderer, ScoreError, ScoreResult, Shutdown, TokenChunk)
 
 __all__ = [
     "MESSAGE_TYPES", "AsyncReceiver", "AsyncSender", "ChannelFullError", "ChannelStats",
-    "FrameTooLargeError", "Heartbeat", "Message", "Receiver", "Reorderer", "ScoreResult",
+    "FrameTooLargeError", "Heartbeat", "Message", "Receiver", "Reorderer", "ScoreError", "ScoreResult",
     "Sender", "Shutdown", "TokenChunk", "validate_endpoint",
 ]
 

@@ -13,3 +13,8 @@ class EngineError(Exception):
 
 class EngineConfigError(EngineError):
     """A configuration value the engine layer checks is invalid; the message names the key."""
+
+
+class RewardRequestError(EngineError):
+    """The reward engine refused or failed one scoring request; the message names the
+    request (step, sample) and the cause."""

@@ -4,7 +4,9 @@ Owns: running the launched samples concurrently on the actor engine; scoring eac
 it is generated (``streamed``: chunks to the feeder, intra-step overlap) or as soon as it
 finishes (one-shot on the reward engine); and, when ``cut_after`` is set (inter-step
 overlap), aborting the rest once that many samples are finished *and* scored — their
-partial tokens, logprobs and versions stay on the :class:`Sample` for the next step.
+partial tokens, logprobs and versions stay on the :class:`Sample` for the next step. A
+sample whose scoring fails fails the step: the other requests are aborted and their tasks
+cancelled before the error is raised, so nothing is left running on the engines' loop.
 
 Leaves out: which samples to launch and what to defer (``engine.scheduler``), training.
 """
@@ -41,7 +43,8 @@ class _Clock:
 
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
-               reward_engine, extra_score: ExtraScore | None, chunk: int, clock: _Clock, on_done) -> None:
+               reward_engine, extra_score: ExtraScore | None, chunk: int, clock: _Clock, on_done,
+               score_timeout_s: float | None) -> None:
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
@@ -57,7 +60,8 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
         score = await client.score(step, sample.index)
     elif reward_engine is not None:
         seq = sample.prompt_ids + sample.output_ids
-        score = await rm.score(reward_engine, seq, f"{tag}rm-{sample.index:08d}")
+        score = await rm.score(reward_engine, seq, f"{tag}rm-{sample.index:08d}",
+                               request=f"(step {step}, sample {sample.index})", timeout_s=score_timeout_s)
     if extra_score is not None:
         score += await extra_score(sample)
     clock.scored[sample.index] = time.perf_counter()
@@ -67,10 +71,11 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
 async def run_step(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
     reward_engine=None, client: ScoreClient | None = None, chunk: int = 64,
-    cut_after: int | None = None, extra_score: ExtraScore | None = None,
+    cut_after: int | None = None, extra_score: ExtraScore | None = None, score_timeout_s: float | None = None,
 ) -> OverlapResult:
-    """Generate ``samples``; score each as it goes (streamed through ``client``, else
-    one-shot on ``reward_engine``, plus ``extra_score``); abort the rest after ``cut_after``."""
+    """Generate ``samples``; score each as it goes (streamed through ``client``, whose own
+    deadline applies, else one-shot on ``reward_engine`` within ``score_timeout_s``, plus
+    ``extra_score``); abort the rest after ``cut_after``."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
@@ -87,12 +92,32 @@ async def run_step(
                 if other.index not in clock.last_token:
                     rollout.abort(actor, other, tag)
 
-    tasks = [_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
-                  extra_score=extra_score, chunk=chunk, clock=clock, on_done=on_done) for s in samples]
-    await asyncio.gather(*tasks)
+    tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
+                                        extra_score=extra_score, chunk=chunk, clock=clock, on_done=on_done,
+                                        score_timeout_s=score_timeout_s))
+             for s in samples]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        await _stop(actor, samples, tasks, tag, client, step)
+        raise
     end = time.perf_counter()
     return OverlapResult(completed, [s for s in samples if s.index not in scores], scores,
                          _timings(clock, completed[:cut_after] if cut_after else completed, end))
+
+
+async def _stop(actor, samples: Sequence[Sample], tasks, tag: str, client: ScoreClient | None, step: int) -> None:
+    """After a failure: abort the requests still generating, cancel every task, forget
+    their scores; returns once all tasks have ended."""
+    for s in samples:
+        if s.attempts > 0 and s.finish_reason is None:
+            rollout.abort(actor, s, tag)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if client is not None:
+        for s in samples:
+            client.forget(step, s.index)
 
 
 def _timings(clock: _Clock, trained: Sequence[Sample], end: float) -> dict[str, float]:

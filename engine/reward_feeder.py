@@ -3,9 +3,13 @@
 Owns: :class:`RewardFeeder`, which pulls :class:`~engine.wire.TokenChunk` messages, puts
 each request's chunks back in order, scores every request incrementally on the reward
 engine (each chunk prefills only its own tokens, the radix cache holds the rest) and pushes
-a final :class:`~engine.wire.ScoreResult` per finished response, plus heartbeats so the
-sender can tell a live feeder from a dead one. It runs as an asyncio task beside the
-engines (default) or alone in its own process with its own reward engine:
+a final :class:`~engine.wire.ScoreResult` per finished response — or, the first time a
+request fails on the reward engine, one :class:`~engine.wire.ScoreError` carrying the
+one-line error (the request's later chunks are then skipped) — plus heartbeats so the
+sender can tell a live feeder from a dead one; each heartbeat carries the feeder's counts
+(frames its receiver refused or lost, chunks discarded or scored, requests failed). It runs
+as an asyncio task beside the engines (default) or alone in its own process with its own
+reward engine:
 
     python -m colocate.engine.reward_feeder --model RM_DIR --chunks ipc:///tmp/c --results ipc:///tmp/r
 
@@ -21,8 +25,9 @@ import json
 import time
 
 from . import reward as rm
-from .channel import AsyncReceiver, AsyncSender, validate_endpoint
-from .wire import Heartbeat, Reorderer, ScoreResult, Shutdown, TokenChunk
+from .channel import AsyncReceiver, AsyncSender, ChannelStats, validate_endpoint
+from .errors import RewardRequestError
+from .wire import Heartbeat, Reorderer, ScoreError, ScoreResult, Shutdown, TokenChunk
 
 
 class RewardFeeder:
@@ -37,16 +42,21 @@ class RewardFeeder:
         self._scorers: dict[tuple[int, int], rm.IncrementalScorer] = {}
         self._tails: dict[tuple[int, int], asyncio.Future] = {}
         self._prompt_len: dict[tuple[int, int], int] = {}
+        self._failed: set[tuple[int, int]] = set()  # requests whose ScoreError was sent
         self._step: int | None = None  # step of the latest chunk
+        self.rx_stats = ChannelStats()  # the chunk receiver's (the live one while running)
         self.chunks_seen = 0
+        self.chunks_scored = 0
         self.forgotten = 0  # requests dropped unfinished (aborted by the step's cut)
         self.scored = 0
+        self.failed = 0  # requests whose scoring failed (each answered with a ScoreError)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set or a Shutdown message arrives."""
         stop = stop or asyncio.Event()
         async with AsyncReceiver(self.chunks_endpoint, bind=True) as rx, \
                 AsyncSender(self.results_endpoint, bind=False) as tx:
+            self.rx_stats = rx.stats
             beat = asyncio.ensure_future(self._heartbeats(tx, stop))
             try:
                 while not stop.is_set():
@@ -81,14 +91,23 @@ class RewardFeeder:
             self._scorers.pop(key, None)
             self._prompt_len.pop(key, None)
             self.forgotten += 1
+        self._failed = {k for k in self._failed if k[0] == step}
 
     def open_requests(self) -> int:
         """Requests the feeder holds scoring state for (bounded by one step's B+Δ)."""
         return len(self._scorers.keys() | self._tails.keys()) + self._reorder.tracked()
 
+    def counts(self) -> dict[str, int]:
+        """Running totals a heartbeat carries: frames the chunk receiver refused
+        (``chunks_malformed``) or lost with a dropped connection (``chunks_disconnects``),
+        repeated or late chunks dropped (``chunks_discarded``), chunks scored, requests failed."""
+        return {"chunks_malformed": self.rx_stats.malformed, "chunks_disconnects": self.rx_stats.disconnects,
+                "chunks_discarded": self._reorder.discarded, "chunks_scored": self.chunks_scored,
+                "requests_failed": self.failed}
+
     async def _heartbeats(self, tx: AsyncSender, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await tx.send(Heartbeat(sender="reward-feeder", sent_at=time.time()))
+            await tx.send(Heartbeat(sender="reward-feeder", sent_at=time.time(), counts=self.counts()))
             await asyncio.sleep(self.heartbeat_s)
 
     def _schedule(self, chunk: TokenChunk, tx: AsyncSender) -> None:
@@ -99,15 +118,24 @@ class RewardFeeder:
     async def _score_after(self, prev: asyncio.Future | None, chunk: TokenChunk, tx: AsyncSender) -> None:
         if prev is not None:
             await asyncio.shield(prev)
-        if chunk.step != self._step:  # forgotten: an aborted request of an earlier step
+        key = (chunk.step, chunk.index)
+        if chunk.step != self._step or key in self._failed:  # forgotten (aborted), or already failed
             return
+        try:
+            await self._score(chunk, tx)
+        except Exception as exc:  # every failure goes back to the waiting client, as one line
+            await self._fail(chunk, exc, tx)
+
+    async def _score(self, chunk: TokenChunk, tx: AsyncSender) -> None:
         key = (chunk.step, chunk.index)
         if chunk.seq == 0:
             self._scorers[key] = rm.IncrementalScorer(
-                self.engine, f"fd{chunk.step:07d}-{chunk.index:08d}", list(chunk.prompt_ids))
+                self.engine, f"fd{chunk.step:07d}-{chunk.index:08d}", list(chunk.prompt_ids),
+                request=_name(chunk))
             self._prompt_len[key] = len(chunk.prompt_ids)
         scorer = self._scorers[key]
         score = await scorer.extend(chunk.tokens)
+        self.chunks_scored += 1
         if chunk.final:
             self.scored += 1
             scored = len(scorer.tokens) - self._prompt_len.pop(key)
@@ -115,6 +143,21 @@ class RewardFeeder:
                                       score=score, tokens_scored=scored, final=True))
             del self._scorers[key]
             self._tails.pop(key, None)
+
+    async def _fail(self, chunk: TokenChunk, exc: Exception, tx: AsyncSender) -> None:
+        """Answer the request with its one-line error now (no score will come) and drop it."""
+        key = (chunk.step, chunk.index)
+        self._failed.add(key)
+        self.failed += 1
+        self._scorers.pop(key, None)
+        self._prompt_len.pop(key, None)
+        self._tails.pop(key, None)  # later chunks of the request see it failed and skip
+        error = exc if isinstance(exc, RewardRequestError) else rm.request_error(_name(chunk), rm.describe(exc))
+        await tx.send(ScoreError(step=chunk.step, index=chunk.index, seq=chunk.seq, error=str(error)[:2000]))
+
+
+def _name(chunk: TokenChunk) -> str:
+    return f"(step {chunk.step}, sample {chunk.index})"
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from functools import lru_cache
@@ -57,6 +58,26 @@ def _put_standin_on_path() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([entry, *[p for p in paths if p]])
 
 
+# Warnings known to be harmless, by message prefix (UserWarning only): on CPU, SGLang's
+# import-time notes that its CUDA-only kernels (Triton, AWQ, GGUF) are unavailable, printed
+# once per process, scheduler children included; and multiprocessing's resource tracker
+# listing the semaphores SGLang's processes leave to it at exit (it removes them then;
+# the tracker is a process of its own, so only PYTHONWARNINGS reaches it).
+_HARMLESS_ON_CPU = ("Triton is not supported on current platform", "Only CUDA")
+_HARMLESS_ALWAYS = ("resource_tracker",)  # PYTHONWARNINGS cannot hold the ':' of the full message
+
+
+def _quiet_known_warnings(prefixes: tuple[str, ...]) -> None:
+    """Ignore the warnings starting with ``prefixes`` in this process and, through
+    ``PYTHONWARNINGS`` (read at start by every child: SGLang's schedulers, the resource
+    tracker), in the processes it starts; every other warning stays visible."""
+    for prefix in prefixes:
+        warnings.filterwarnings("ignore", message=re.escape(prefix), category=UserWarning)
+    entries = [e for e in os.environ.get("PYTHONWARNINGS", "").split(",") if e]
+    entries += [f"ignore:{p}:UserWarning" for p in prefixes if f"ignore:{p}:UserWarning" not in entries]
+    os.environ["PYTHONWARNINGS"] = ",".join(entries)
+
+
 @lru_cache(maxsize=1)
 def prepare(device: str = "auto") -> Platform:
     """Set the process up for SGLang on ``device`` ("auto", "cpu" or "cuda"); idempotent.
@@ -64,6 +85,7 @@ def prepare(device: str = "auto") -> Platform:
     The first call decides for the whole process (SGLang caches its platform)."""
     use_cuda = _has_cuda() if device == "auto" else device == "cuda"
     standin = False
+    _quiet_known_warnings(_HARMLESS_ALWAYS + (() if use_cuda else _HARMLESS_ON_CPU))
     if not use_cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         if not _real_sgl_kernel_present():
@@ -101,17 +123,15 @@ def child_threads(n: int):
 def load() -> SimpleNamespace:
     """Import the SGLang names colocate uses (after :func:`prepare`)."""
     prepare()
-    with warnings.catch_warnings():  # SGLang warns at import about CUDA-only quant kernels
-        warnings.simplefilter("ignore", UserWarning)
-        import sglang
-        from sglang.srt.managers.io_struct import (
-            BeginWeightUpdateReqInput,
-            EmbeddingReqInput,
-            EndWeightUpdateReqInput,
-            GenerateReqInput,
-            UpdateWeightsFromTensorReqInput,
-        )
-        from sglang.srt.utils import MultiprocessingSerializer
+    import sglang  # its known-harmless import-time warnings are filtered by prepare()
+    from sglang.srt.managers.io_struct import (
+        BeginWeightUpdateReqInput,
+        EmbeddingReqInput,
+        EndWeightUpdateReqInput,
+        GenerateReqInput,
+        UpdateWeightsFromTensorReqInput,
+    )
+    from sglang.srt.utils import MultiprocessingSerializer
 
     return SimpleNamespace(
         Engine=sglang.Engine,

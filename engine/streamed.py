@@ -1,7 +1,10 @@
 """The actor side of streamed reward scoring (OPPO's intra-step overlap).
 
 Owns: :class:`ScoreClient`, which pushes token chunks to the reward feeder and collects
-the final score of each response (and notices a feeder that stopped answering),
+the final score of each response — raising the feeder's one-line error for a request it
+could not score (:class:`RewardRequestError`), and failing a score that does not come
+(:class:`ScoreTimeoutError`) or a feeder that stopped answering — and reports the frames
+both ends of the channel refused or lost (:meth:`ScoreClient.channel_counts`);
 :class:`Chunker`, which cuts one sample's stream into chunks of ``k`` tokens, and
 :func:`score_whole`, which scores already complete responses through the same feeder.
 
@@ -15,14 +18,18 @@ import contextlib
 import time
 from typing import Sequence
 
-from .errors import EngineError
+from .errors import EngineError, RewardRequestError
 from .channel import AsyncReceiver, AsyncSender, validate_endpoint
 from .rollout import Sample
-from .wire import ScoreResult, Shutdown, TokenChunk
+from .wire import Heartbeat, ScoreError, ScoreResult, Shutdown, TokenChunk
 
 
 class FeederLostError(EngineError):
     """The reward feeder stopped answering."""
+
+
+class ScoreTimeoutError(RewardRequestError):
+    """An awaited score did not come while the feeder, alive, made no scoring progress."""
 
 
 class ScoreClient:
@@ -34,7 +41,10 @@ class ScoreClient:
         self.timeout_s = timeout_s
         self._futures: dict[tuple[int, int], asyncio.Future] = {}
         self.last_heard = time.monotonic()
+        self.last_progress = time.monotonic()  # the feeder's last score, error or scored chunk
+        self.feeder_counts: dict[str, int] = {}  # running totals of its latest heartbeat
         self.chunks_sent = 0
+        self.errors = 0  # requests the feeder answered with an error
 
     async def __aenter__(self) -> "ScoreClient":
         self._rx = AsyncReceiver(self.results_endpoint, bind=True)
@@ -55,10 +65,22 @@ class ScoreClient:
             if msg is None:
                 continue
             self.last_heard = time.monotonic()
-            if isinstance(msg, ScoreResult) and msg.final:
-                fut = self._futures.get((msg.step, msg.index))
-                if fut is not None and not fut.done():
-                    fut.set_result(msg.score)
+            if isinstance(msg, Heartbeat):
+                if msg.counts.get("chunks_scored") != self.feeder_counts.get("chunks_scored"):
+                    self.last_progress = self.last_heard
+                self.feeder_counts = dict(msg.counts)
+                continue
+            if not isinstance(msg, (ScoreResult, ScoreError)):
+                continue
+            self.last_progress = self.last_heard
+            fut = self._futures.get((msg.step, msg.index))
+            if fut is None or fut.done():
+                continue
+            if isinstance(msg, ScoreError):
+                self.errors += 1
+                fut.set_exception(RewardRequestError(msg.error))
+            elif msg.final:
+                fut.set_result(msg.score)
 
     def expect(self, step: int, index: int) -> asyncio.Future:
         key = (step, index)
@@ -78,24 +100,48 @@ class ScoreClient:
                 f"the reward feeder stopped answering ({silent:.0f} s without a message on "
                 f"{self.results_endpoint}); is its process alive? (overlap.feeder_timeout_s)")
 
+    def _check_progress(self, step: int, index: int, since: float) -> None:
+        idle = time.monotonic() - max(since, self.last_progress)
+        if idle > self.timeout_s:
+            raise ScoreTimeoutError(
+                f"reward request (step {step}, sample {index}): no score {idle:.0f} s after its "
+                f"last chunk, and the feeder scored nothing else meanwhile; a lost chunk or a "
+                f"stuck reward engine (raise overlap.feeder_timeout_s if scoring is this slow)")
+
     async def score(self, step: int, index: int) -> float:
-        """Wait for the final score of (step, index), failing if the feeder goes silent."""
+        """Wait for the final score of (step, index). Raises the feeder's error for it
+        (:class:`RewardRequestError`), or fails when the feeder goes silent or, alive,
+        scores nothing for ``timeout_s`` while this score is awaited."""
         fut = self.expect(step, index)
-        while True:
-            self.check_alive()
-            try:
-                score = await asyncio.wait_for(asyncio.shield(fut), timeout=0.25)
-            except asyncio.TimeoutError:
-                continue
+        since = time.monotonic()
+        try:
+            while True:
+                self.check_alive()
+                self._check_progress(step, index, since)
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), timeout=0.25)
+                except asyncio.TimeoutError:
+                    continue
+        finally:
             self.forget(step, index)
-            return score
+
+    def channel_counts(self) -> dict[str, int]:
+        """Running totals of frames refused or lost on both ends of the channel: the results
+        this client received (``results_*``) and the chunks the feeder received, as of its
+        latest heartbeat (``chunks_*``, plus ``chunks_discarded``: repeats and late chunks)."""
+        stats = self._rx.stats
+        feeder = {k: self.feeder_counts.get(k, 0) for k in ("chunks_malformed", "chunks_disconnects",
+                                                            "chunks_discarded")}
+        return {"results_malformed": stats.malformed, "results_disconnects": stats.disconnects, **feeder}
 
     def waiting(self) -> int:
         """Responses expected and not yet collected (a step's in flight; none between steps)."""
         return len(self._futures)
 
     def forget(self, step: int, index: int) -> None:
-        self._futures.pop((step, index), None)
+        fut = self._futures.pop((step, index), None)
+        if fut is not None and fut.done() and not fut.cancelled():
+            fut.exception()  # an error for a request no one awaits any more (aborted): seen
 
     async def shutdown_feeder(self) -> None:
         await self._tx.send(Shutdown(reason="run finished"), timeout_s=1.0)

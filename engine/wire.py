@@ -43,17 +43,31 @@ class ScoreResult(msgspec.Struct, frozen=True, tag="score"):
     final: bool = False
 
 
+class ScoreError(msgspec.Struct, frozen=True, tag="score-error"):
+    """Scoring response ``index`` in ``step`` failed at chunk ``seq``; no score will come.
+    ``error`` is the one-line message the receiving side raises."""
+
+    step: _NonNeg
+    index: _NonNeg
+    seq: _NonNeg
+    error: Annotated[str, msgspec.Meta(max_length=2000)]
+
+
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
+    """I am alive; ``counts``: the sender's running totals (e.g. frames its receiver
+    refused, chunks it scored), so a peer in another process can report them."""
+
     sender: str
     sent_at: float
+    counts: dict[str, _NonNeg] = {}
 
 
 class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     reason: str = ""
 
 
-Message = TokenChunk | ScoreResult | Heartbeat | Shutdown
-MESSAGE_TYPES = (TokenChunk, ScoreResult, Heartbeat, Shutdown)
+Message = TokenChunk | ScoreResult | ScoreError | Heartbeat | Shutdown
+MESSAGE_TYPES = (TokenChunk, ScoreResult, ScoreError, Heartbeat, Shutdown)
 
 
 

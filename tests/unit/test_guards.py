@@ -69,3 +69,42 @@ def test_cli_refuses_remote_code_model_in_one_line(tmp_path):
                                        "--set", "reward.rule=vader", "--set", f"run.out_dir={tmp_path / 'run'}"])
     assert result.exit_code == 2, result.output
     assert "trust_remote_code" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def _module(tmp_path, source: str, name: str = "__main__"):
+    import types
+
+    path = tmp_path / "script.py"
+    path.write_text(source)
+    mod = types.ModuleType(name)
+    mod.__file__ = str(path)
+    return mod
+
+
+@pytest.mark.parametrize("source", [
+    'if __name__ == "__main__":\n    train()\n',
+    "import x\nif '__main__' == __name__:\n    x.train()\n",
+])
+def test_a_guarded_script_passes(tmp_path, source):
+    from colocate.guards import check_main_guard
+
+    check_main_guard(_module(tmp_path, source))
+
+
+def test_an_unguarded_script_exits_with_one_line_naming_the_fix(tmp_path):
+    from colocate.guards import check_main_guard
+
+    with pytest.raises(SystemExit) as e:
+        check_main_guard(_module(tmp_path, "from colocate import api\napi.train(cfg)\n"))
+    msg = str(e.value.code)
+    assert "\n" not in msg and 'if __name__ == "__main__":' in msg and "script.py" in msg
+
+
+def test_a_notebook_or_spawned_reimport():
+    import types
+
+    from colocate.guards import check_main_guard
+
+    check_main_guard(types.ModuleType("__main__"))  # interactive: no __file__
+    with pytest.raises(SystemExit, match="spawn"):
+        check_main_guard(types.ModuleType("__mp_main__"))

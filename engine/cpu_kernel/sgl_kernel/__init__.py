@@ -3,8 +3,9 @@
 PyPI ships no CPU build of ``sgl_kernel``; SGLang 0.5.x imports exactly two of its ops on
 the CPU path (``mem_cache/allocation.py`` and ``kernels/ops/kvcache/cache_move.py``).
 This package provides those two in plain PyTorch and nothing else: any other name fails
-loudly with an ImportError that says so. ``engine.runtime`` puts this folder on the
-import path only when the real ``sgl_kernel`` is absent.
+loudly with an ImportError that says so. ``colocate.engine.sglang_api.prepare`` puts
+this folder on the import path (``sys.path`` and, for the spawned scheduler children,
+``PYTHONPATH``) only when the real ``sgl_kernel`` is absent.
 """
 
 from __future__ import annotations

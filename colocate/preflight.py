@@ -1,0 +1,78 @@
+"""Start-up checks: what can be known to fail before any engine starts.
+
+Owns: :func:`check_contexts`, which compares the longest tokenized prompt +
+``rollout.max_new_tokens`` with what each engine takes — the actor's and the reward
+model's context length (read from the model folder's ``config.json`` the way SGLang
+derives it, or the engine's configured ``context_length``) and each engine's KV pool
+(``engines.*_max_total_tokens``: one whole request must fit it) — and fails with one
+:class:`~colocate.errors.ConfigError` line naming both numbers and the fix.
+
+Leaves out: what only a running engine knows (a GPU's actual KV pool, any other refusal:
+those fail the step as ``RewardRequestError``), the per-prompt limit
+``data.max_prompt_tokens`` (checked when prompts are tokenized).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from colocate.config import Config
+from colocate.engine.reward import max_score_tokens
+from colocate.errors import ConfigError
+
+# the config.json keys SGLang 0.5.23 reads a context length from, first found wins
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+SGLANG_DEFAULT_CONTEXT = 2048
+
+
+def model_context_length(model_path: str, configured: int | None = None) -> tuple[int, str]:
+    """(the context length SGLang gives the model, where it comes from)."""
+    if configured:
+        return configured, "its configured context_length"
+    file = Path(model_path).expanduser() / "config.json"
+    data = json.loads(file.read_text()) if file.is_file() else {}
+    text = data.get("text_config") or data
+    for key in CONTEXT_KEYS:
+        if text.get(key) is not None:
+            return int(_rope_factor(text.get("rope_scaling")) * text[key]), f"config.json {key}"
+    return SGLANG_DEFAULT_CONTEXT, "SGLang's default"
+
+
+def _rope_factor(rope: dict[str, Any] | None) -> float:
+    if not rope or "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        return 1
+    return rope.get("factor", 1)
+
+
+def check_contexts(cfg: Config, actor_cfg, reward_cfg, prompts: Sequence[Any]) -> None:
+    """Refuse a run whose longest request cannot fit the actor or the reward engine
+    (``actor_cfg``/``reward_cfg``: their ``EngineConfig``; reward None without a reward
+    model; ``prompts``: every tokenized prompt, held-out ones included)."""
+    if not prompts:
+        return
+    longest = max(len(p.ids) for p in prompts)
+    new = cfg.rollout.max_new_tokens
+    need = longest + new
+    what = f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({new}) = {need} tokens"
+    fix = "lower rollout.max_new_tokens or data.max_prompt_tokens (shorter prompts)"
+    ctx, source = model_context_length(actor_cfg.model_path, actor_cfg.context_length)
+    if need > ctx:
+        raise ConfigError(f"models.actor: {what} > the actor's context length {ctx} ({source}); {fix}, "
+                          "or use an actor with a longer context")
+    _check_pool("actor", actor_cfg.max_total_tokens, need, what)
+    if reward_cfg is None:
+        return
+    ctx, source = model_context_length(reward_cfg.model_path, reward_cfg.context_length)
+    if need > max_score_tokens(ctx):
+        raise ConfigError(f"models.reward: {what} > the {max_score_tokens(ctx)} tokens the reward model scores "
+                          f"(context length {ctx}, {source}); {fix}, or use a reward model with a longer context")
+    _check_pool("reward", reward_cfg.max_total_tokens, need, what)
+
+
+def _check_pool(role: str, pool: int | None, need: int, what: str) -> None:
+    if pool is not None and need > pool:
+        raise ConfigError(f"engines.{role}_max_total_tokens: {what} > the {role} engine's KV pool of {pool} "
+                          f"tokens, which must hold one whole request; raise engines.{role}_max_total_tokens "
+                          "or lower rollout.max_new_tokens")

@@ -1,0 +1,176 @@
+"""Resuming a run: its own config as the base, what may change mid-run, and whether a
+checkpoint fits the configured models.
+
+Owns: the run folder of ``--resume DIR`` (the folder itself or one of its
+``checkpoints/step_*``); :func:`load_run_config` (the run's ``config.json``, then a YAML
+file and ``--set`` overrides on top); :func:`check_resume` (before anything starts: a
+checkpoint exists and is behind ``run.steps``, the keys in :data:`FIXED` are the run's,
+every other change named in one log line); :func:`check_checkpoint` (the checkpoint's
+actor and critic tensors against the configured models, a deferred buffer the configured
+mode would drop). Every refusal is one line naming the key and both values.
+
+Leaves out: loading the checkpoint into a session (``colocate.session``), the config
+format (``colocate.config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from colocate import checkpoint
+from colocate.config import Config, from_dict, load_config, to_dict
+from colocate.errors import ConfigError
+
+# What a checkpoint depends on, so it cannot change mid-run. Everything else may (each change is logged).
+FIXED = (
+    "models.actor", "models.critic", "models.dtype",  # the trained weights and optimizer state
+    "models.reward",  # the rewards the critic has learnt to predict
+    "data.source", "data.seed", "data.eval_prompts",  # the data position counts into this shuffled training split
+    "ppo.kl_kind",  # the saved KL controller state is of one kind
+)
+_PATHS = ("models.actor", "models.reward", "models.critic", "run.out_dir")  # equal when they name one folder
+_FIX = "keep the run's value or start a new run (another run.out_dir)"
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def run_folder(resume: str | Path) -> Path:
+    """The run folder of ``resume``: a run folder, or the run of its ``checkpoints`` or ``checkpoints/step_*``."""
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--resume: '{resume}' is not a folder; give a run folder (its run.out_dir) "
+                          "or one of its checkpoints/step_*")
+    if (path / checkpoint.MANIFEST).is_file() or path.name.startswith("step_"):
+        path = path.parent
+    if path.name == "checkpoints" and not (path / "config.json").is_file():
+        path = path.parent
+    return path
+
+
+def saved_config(run_dir: Path) -> Config | None:
+    """The config a run started with (its ``config.json``); None when it has none."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return from_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError:
+        raise ConfigError(f"--resume: '{path}' is not valid JSON; restore it from the run's settings") from None
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: the run's '{path}': {exc}") from None
+
+
+def load_run_config(resume: str | Path, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The config that continues the run at ``resume``: its ``config.json`` with ``run.out_dir``
+    the run folder, then the YAML file ``path``, then ``overrides``; validated."""
+    run_dir = run_folder(resume)
+    checkpoint.latest(Path(resume))  # one line when there is none
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise ConfigError(f"--resume: no config.json in '{run_dir}' (a run writes it when it starts); "
+                          "resume it from Python: api.train(cfg, resume=...) with the run's settings")
+    base = dataclasses.replace(saved, run=dataclasses.replace(saved.run, out_dir=str(run_dir)))
+    cfg = load_config(path, list(overrides), base=base)
+    _refuse_fixed(config_changes(saved, cfg))
+    return cfg
+
+
+def config_changes(saved: Config, cfg: Config) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, new value)`` of every field of ``cfg`` that differs from ``saved``."""
+    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
+    return [(key, old.get(key), value) for key, value in new.items() if not _same(key, old.get(key), value)]
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in tree.items():
+        if isinstance(value, Mapping):
+            out |= _flat(value, f"{prefix}{name}.")
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    if key in _PATHS and isinstance(a, str) and isinstance(b, str):
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return False
+
+
+def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) -> None:
+    """Before anything starts: ``resume`` holds a checkpoint behind ``run.steps`` and ``cfg``
+    keeps the run's :data:`FIXED` keys; every other change vs its ``config.json`` is logged in one line."""
+    run_dir = run_folder(resume)
+    where = checkpoint.latest(Path(resume))
+    step = int(checkpoint.manifest(where)["step"])
+    if cfg.run.steps <= step:
+        raise ConfigError(f"run.steps is {cfg.run.steps} and the checkpoint '{where}' is at step {step}: "
+                          f"nothing to run; raise it (run.steps is the total), e.g. --set run.steps={step + 10}")
+    saved = saved_config(run_dir)
+    if saved is None:
+        log(f"resume: no config.json in {run_dir}; the config is not compared with the run's")
+        return
+    changes = config_changes(saved, cfg)
+    _refuse_fixed(changes)
+    if changes:
+        log("resume: changed " + ", ".join(f"{key} {a} -> {b}" for key, a, b in changes))
+
+
+def _refuse_fixed(changes: Sequence[tuple[str, Any, Any]]) -> None:
+    """One line naming each :data:`FIXED` key among ``changes`` and both its values."""
+    fixed = [f"{key} cannot change when resuming (the run has {a!r}, this config {b!r})"
+             for key, a, b in changes if key in FIXED]
+    if fixed:
+        raise ConfigError("; ".join(fixed) + f"; {_FIX}")
+
+
+def shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a model state dict (full tensors or FSDP's DTensors: global shapes)."""
+    return {name: tuple(t.shape) for name, t in state.items() if hasattr(t, "shape")}
+
+
+def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, Shapes], cfg: Config) -> None:
+    """The checkpoint's actor and critic fit the configured models (``live``: the trainer's
+    tensor shapes by part) and its deferred buffer the configured mode; else one line."""
+    recorded = checkpoint.manifest(where)["meta"].get("models", {})  # {} in older checkpoints
+    configured = dataclasses.asdict(cfg.models)
+    for part in ("actor", "critic"):
+        saved = shapes(parts["trainer"].get(part, {}).get("model", {}))
+        diff = _first_difference(saved, live[part]) if saved else None
+        if diff is None:
+            continue
+        key = "models.critic" if part == "critic" and cfg.models.critic else "models.actor"
+        held = f"the {part} '{_spec(part, recorded)}'" if _spec(part, recorded) else f"an unnamed {part}"
+        raise checkpoint.CheckpointError(
+            f"--resume: checkpoint '{where}' holds {held} ({_count(saved):,} parameters) but {key} is "
+            f"'{_spec(part, configured)}' ({_count(live[part]):,} parameters; {diff}); "
+            f"resume with the run's {key} or start a new run")
+    deferred = ((parts.get("overlap") or {}).get("scheduler") or {}).get("deferred") or []
+    if deferred and cfg.overlap.mode == "sequential":
+        raise ConfigError(f"overlap.mode=sequential would drop the {len(deferred)} deferred samples of "
+                          f"checkpoint '{where}'; resume with overlap.mode=inter, intra or oppo")
+
+
+def _spec(part: str, models: Mapping[str, Any]) -> str | None:
+    """The model spec a part was built from (the critic: models.critic, else the actor's)."""
+    return (models.get("critic") or models.get("actor")) if part == "critic" else models.get("actor")
+
+
+def _first_difference(saved: Shapes, live: Shapes) -> str | None:
+    for name, shape in saved.items():
+        if name not in live:
+            return f"{name} is in the checkpoint, not in the configured model"
+        if shape != live[name]:
+            return f"{name} is {list(shape)} in the checkpoint, {list(live[name])} configured"
+    extra = [name for name in live if name not in saved]
+    return f"{extra[0]} is in the configured model, not in the checkpoint" if extra else None
+
+
+def _count(shape_map: Shapes) -> int:
+    return sum(math.prod(shape) for shape in shape_map.values())

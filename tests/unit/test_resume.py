@@ -1,0 +1,166 @@
+"""Resume reads the run's own config: overrides on top, fixed keys refused, changes named,
+a checkpoint of other models refused in one line (no engines: fake run folders)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from colocate import checkpoint, resume
+from colocate.checkpoint import CheckpointError
+from colocate.cli import main
+from colocate.config import load_config, to_dict
+from colocate.errors import ConfigError
+
+RUN = ["overlap.mode=oppo", "run.save_every=2", "rollout.temperature=0", "run.steps=6",
+       "models.actor=/models/a", "models.reward=/models/rm"]
+
+
+def make_run(root, overrides=RUN, step=4, meta=None):
+    """A run folder as a run leaves it: config.json and one checkpoint."""
+    cfg = load_config(overrides=[*overrides, f"run.out_dir={root}"])
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    checkpoint.save(root / "checkpoints", step, {"run": {"step": step}}, meta=meta)
+    return cfg
+
+
+def test_config_changes_names_each_changed_key_in_config_order(tmp_path):
+    saved = load_config(overrides=RUN)
+    cfg = load_config(overrides=[*RUN, "run.steps=10", "ppo.minibatches=1", "overlap.mode=inter"])
+    assert resume.config_changes(saved, cfg) == [
+        ("ppo.minibatches", 2, 1), ("overlap.mode", "oppo", "inter"), ("run.steps", 6, 10)]
+    assert resume.config_changes(saved, saved) == []
+
+
+def test_paths_naming_one_folder_are_no_change(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    a, b = load_config(overrides=["models.actor=m"]), load_config(overrides=[f"models.actor={tmp_path}/m/"])
+    assert resume.config_changes(a, b) == []
+
+
+@pytest.mark.parametrize("where", ["", "checkpoints", "checkpoints/step_00000004"])
+def test_run_config_is_the_base_and_out_dir_the_run_folder(tmp_path, where):
+    saved = make_run(tmp_path / "run")
+    cfg = resume.load_run_config(tmp_path / "run" / where)
+    assert cfg.run.out_dir == str(tmp_path / "run")
+    assert resume.config_changes(saved, cfg) == []
+    assert (cfg.overlap.mode, cfg.run.save_every, cfg.rollout.temperature) == ("oppo", 2, 0.0)
+
+
+def test_yaml_then_overrides_go_on_top_of_the_run_config(tmp_path):
+    make_run(tmp_path / "run")
+    yaml_file = tmp_path / "more.yaml"
+    yaml_file.write_text("ppo:\n  epochs: 1\nrun:\n  steps: 30\n")
+    cfg = resume.load_run_config(tmp_path / "run", yaml_file, ["run.steps=40"])
+    assert (cfg.ppo.epochs, cfg.run.steps, cfg.overlap.mode) == (1, 40, "oppo")
+
+
+@pytest.mark.parametrize("override,key", [("models.actor=/models/b", "models.actor"),
+                                          ("models.critic=/models/c", "models.critic"),
+                                          ("data.seed=3", "data.seed"), ("ppo.kl_kind=fixed", "ppo.kl_kind")])
+def test_a_fixed_key_is_refused_in_one_line_naming_it_and_both_values(tmp_path, override, key):
+    saved = make_run(tmp_path / "run")
+    with pytest.raises(ConfigError) as e:
+        resume.load_run_config(tmp_path / "run", overrides=[override])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{key} cannot change")
+    section, field = key.split(".")
+    old, new = (getattr(getattr(c, section), field) for c in (saved, load_config(overrides=[*RUN, override])))
+    assert f"(the run has {old!r}, this config {new!r})" in msg
+
+
+def test_api_config_is_checked_against_the_run_and_changes_logged_in_one_line(tmp_path):
+    saved = make_run(tmp_path / "run")
+    lines = []
+    cfg = load_config(overrides=[*RUN, f"run.out_dir={tmp_path / 'run'}", "run.steps=10", "ppo.epochs=1"])
+    resume.check_resume(cfg, tmp_path / "run", lines.append)
+    assert lines == ["resume: changed ppo.epochs 2 -> 1, run.steps 6 -> 10"]
+    resume.check_resume(saved, tmp_path / "run", lines.append)  # nothing changed: nothing logged
+    assert len(lines) == 1
+    other = load_config(overrides=[*RUN, "models.actor=/models/b", f"run.out_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"^models.actor cannot change .*'/models/a'.*'/models/b'"):
+        resume.check_resume(other, tmp_path / "run", lines.append)
+
+
+def test_a_finished_run_says_raise_run_steps(tmp_path):
+    saved = make_run(tmp_path / "run", step=6)
+    with pytest.raises(ConfigError, match=r"run.steps is 6 .* at step 6: nothing to run.*--set run.steps=16"):
+        resume.check_resume(saved, tmp_path / "run", print)
+
+
+def test_missing_folder_checkpoint_or_config_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="is not a folder"):
+        resume.load_run_config(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="--resume: no checkpoint"):
+        resume.load_run_config(tmp_path / "empty")
+    make_run(tmp_path / "run")
+    (tmp_path / "run" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="--resume: no config.json in"):
+        resume.load_run_config(tmp_path / "run")
+    lines = []  # the Python API with its own config: resumes, says it could not compare
+    resume.check_resume(load_config(overrides=RUN), tmp_path / "run", lines.append)
+    assert lines and "not compared" in lines[0]
+    (tmp_path / "run" / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json' is not valid JSON"):
+        resume.load_run_config(tmp_path / "run")
+
+
+def _parts(actor_shape, critic_shape, deferred=()):
+    model = lambda shape: {"model": {"model.embed.weight": torch.zeros(shape), "model.norm.weight": torch.zeros(4)}}
+    return {"trainer": {"actor": model(actor_shape), "critic": model(critic_shape)},
+            "overlap": {"scheduler": {"deferred": list(deferred)}}}
+
+
+def _live(actor_shape, critic_shape):
+    return {part: {"model.embed.weight": shape, "model.norm.weight": (4,)}
+            for part, shape in (("actor", actor_shape), ("critic", critic_shape))}
+
+
+def test_checkpoint_of_other_models_is_one_line_naming_both(tmp_path):
+    saved = make_run(tmp_path / "run", meta={"models": to_dict(load_config(overrides=RUN))["models"]})
+    where = checkpoint.latest(tmp_path / "run")
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4)), _live((8, 4), (8, 4)), saved)  # same: fine
+    other = load_config(overrides=[*RUN, "models.actor=/models/b"])
+    with pytest.raises(CheckpointError) as e:
+        resume.check_checkpoint(where, _parts((8, 4), (8, 4)), _live((16, 4), (16, 4)), other)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "holds the actor '/models/a' (36 parameters) but models.actor is '/models/b' (68 parameters" in msg
+    assert "model.embed.weight is [8, 4] in the checkpoint, [16, 4] configured" in msg
+
+
+def test_older_checkpoint_without_recorded_models_still_checks_shapes(tmp_path):
+    saved = make_run(tmp_path / "run")  # no meta: written before the models were recorded
+    where = checkpoint.latest(tmp_path / "run")
+    assert checkpoint.manifest(where)["meta"] == {}
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4)), _live((8, 4), (8, 4)), saved)
+    with pytest.raises(CheckpointError, match=r"holds an unnamed critic .* but models.actor is '/models/a'"):
+        resume.check_checkpoint(where, _parts((8, 4), (8, 4)), _live((8, 4), (9, 4)), saved)
+
+
+def test_sequential_mode_would_drop_deferred_samples_so_it_is_refused(tmp_path):
+    saved = make_run(tmp_path / "run")
+    where = checkpoint.latest(tmp_path / "run")
+    seq = load_config(overrides=[*RUN, "overlap.mode=sequential"])
+    with pytest.raises(ConfigError, match="overlap.mode=sequential would drop the 1 deferred samples"):
+        resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), seq)
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4)), _live((8, 4), (8, 4)), seq)  # empty buffer: fine
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), saved)
+
+
+def test_cli_resume_prints_the_runs_config_and_refuses_another_actor(tmp_path):
+    make_run(tmp_path / "run")
+    result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "run"), "--print-config",
+                                       "--set", "run.steps=9"])
+    assert result.exit_code == 0, result.output
+    assert "mode: oppo" in result.output and "steps: 9" in result.output and "save_every: 2" in result.output
+    result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "run"), "--set", "models.actor=/x"])
+    assert result.exit_code == 2
+    err = result.output.strip()
+    assert len(err.splitlines()) == 1 and "models.actor cannot change" in err and "'/x'" in err
