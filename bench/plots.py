@@ -1,6 +1,7 @@
-"""Bench plots: a per-step phase timeline (Gantt) per mode and reward vs wall-clock.
+"""Bench plots: a per-step phase timeline (Gantt) per mode, reward vs wall-clock, and the
+held-out reward curves of the time-to-reward study.
 
-Owns: two PNGs per workload, drawn with matplotlib's Agg backend. Leaves out: numbers.
+Owns: two PNGs per workload and `convergence.png`, drawn with matplotlib's Agg backend. Leaves out: numbers.
 """
 
 from __future__ import annotations
@@ -65,8 +66,34 @@ def reward_curve(records: list[dict[str, Any]], modes: Sequence[str], path: Path
             rows = [r for r in records if r["mode"] == mode and r["repeat"] == rep and "skipped" not in r]
             ax.plot([r["wall_s"] for r in rows], [r["reward_mean"] for r in rows], marker="o", ms=3,
                     color=colors[i % 10], alpha=0.8, label=mode if rep == 0 else None)
-    ax.set_xlabel("wall-clock seconds since the mode's first measured step")
-    ax.set_ylabel("mean reward of trained samples")
+    return _save(fig, ax, "wall-clock seconds since the mode's first measured step",
+                 "mean reward of trained samples", title, path)
+
+
+def convergence(curves: dict[str, list[dict[str, float]]], target: float, path: Path, title: str) -> Path:
+    """Held-out reward against training seconds, one line per mode, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = plt.get_cmap("tab10").colors
+    for i, (mode, points) in enumerate(curves.items()):
+        ax.plot([p["seconds"] for p in points], [p["reward"] for p in points], marker="o", ms=3,
+                color=colors[i % 10], label=mode)
+    if target == target:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target (sequential's final)")
+    return _save(fig, ax, "training seconds (sum of step times; evaluations left out)",
+                 "held-out reward (greedy)", title, path)
+
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """Label, lay out, write ``path`` and close ``fig``."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

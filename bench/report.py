@@ -3,7 +3,10 @@
 Owns: turning step records into per-mode medians and min–max, the per-repeat ratios of
 each mode against sequential (and of oppo against the TRL peer), efficiency against the
 lower bound, and the markdown text. Never a lone absolute time without its comparison.
-Leaves out: plots (``bench.plots``).
+Steps the contention guard flagged (others used more than the limit, ``bench.contention``)
+are left out of every median, unless a mode has no other step: then they are kept and
+the report says so.
+Leaves out: plots (``bench.plots``), the time-to-reward study (``bench.convergence``).
 """
 
 from __future__ import annotations
@@ -35,10 +38,28 @@ def _per_repeat(records, mode, key) -> dict[int, float]:
     return {rep: statistics.median(v) for rep, v in out.items()}
 
 
+def uncontended(records: list[dict[str, Any]], modes: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the records medians are taken over, per mode {"steps", "contended", "excluded",
+    "others_cores"}): a mode's contended steps are dropped while at least one of its steps
+    is quiet; a mode whose every step was contended keeps them (``excluded`` 0)."""
+    kept: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    for mode in modes:
+        rows = [r for r in records if r["mode"] == mode]
+        quiet = [r for r in rows if not r.get("contended")]
+        kept += quiet or rows
+        info[mode] = {"steps": len(rows), "contended": len(rows) - len(quiet),
+                      "excluded": len(rows) - len(quiet) if quiet else 0,
+                      "others_cores": spread([r["others_cores"] for r in rows if "others_cores" in r])}
+    return kept, info
+
+
 def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Sequence[str]) -> dict[str, Any]:
     """Per-mode spreads of the headline metrics and phase times; ratios vs sequential.
-    Steps whose update was skipped (non-finite reward) are counted, not averaged."""
+    Steps whose update was skipped (non-finite reward) are counted, not averaged; contended
+    steps are left out (``uncontended``) and counted under ``contention``."""
     summary: dict[str, Any] = {}
+    records, guard = uncontended(records, modes)
     skipped = [r for r in records if "skipped" in r]
     records = [r for r in records if "skipped" not in r]
     base = _per_repeat(records, "sequential", "trained_samples_per_s")
@@ -64,6 +85,7 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
             "vs_sequential": spread(ratios),
             "bound_efficiency": spread([step_bound(r, probe) / r["step_s"] for r in rows]) if probe else spread([]),
             "skipped_steps": sum(1 for r in skipped if r["mode"] == mode),
+            "contention": guard[mode],
         }
     return summary
 
@@ -88,7 +110,7 @@ def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str =
 
 
 def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] | None,
-             probe: dict[str, float]) -> str:
+             probe: dict[str, float], limit_cores: float | None = None) -> str:
     lines = [f"### workload `{workload}`", "",
              "| mode | trained samples/s | vs sequential | response tok/s | step s | generate s | "
              "reward tail s | train s | sync s | engine busy | deferred | reward | bound efficiency |",
@@ -109,10 +131,41 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
         if "tokens" in peer_info:
             t = peer_info["tokens"]
             lines[-1] += f", {t['median']:.2f}x [{t['min']:.2f}–{t['max']:.2f}] in response tokens/s"
+        load = peer_info.get("contention") or {}
+        if load:
+            lines[-1] += (f"; others used {load['others_cores']:.2f} cores during the TRL run"
+                          + (" (CONTENDED: rerun on a quiet machine)" if load["contended"] else ""))
 
+    guard = contention_line(summary, limit_cores)
+    if guard:
+        lines += ["", guard]
     if probe:
         lines += ["", f"engine probe: decode {probe['decode_tokens_per_s']:.0f} tok/s at batch "
                   f"{probe['probe_batch']}, RM prefill {probe.get('prefill_tokens_per_s', float('nan')):.0f} tok/s"]
     lines += ["", "Cells: median [min–max] over measured steps (ratios: over repeats). bound efficiency = "
               "lower-bound step time / measured step time (1.0 = at the bound)."]
     return "\n".join(lines)
+
+
+def contention_line(summary: dict[str, Any], limit_cores: float | None = None) -> str:
+    """One line on the contention guard: per mode the others' load (median [max] cores) and
+    how many steps were contended and left out; '' when nothing was measured."""
+    parts, excluded, total, kept_all = [], 0, 0, []
+    for mode, s in summary.items():
+        c = s.get("contention")
+        if not c or not c["others_cores"]["n"]:
+            continue
+        o = c["others_cores"]
+        parts.append(f"{mode} {o['median']:.2f} [max {o['max']:.2f}] cores, {c['contended']}/{c['steps']} contended")
+        excluded, total = excluded + c["excluded"], total + c["steps"]
+        if c["contended"] and not c["excluded"]:
+            kept_all.append(mode)
+    if not parts:
+        return ""
+    line = (f"contention guard: other processes used {'; '.join(parts)}; "
+            f"{excluded} of {total} steps left out of the medians as contended"
+            + (f" (others > {limit_cores:g} cores)" if limit_cores is not None else ""))
+    if kept_all:
+        line += (f". WARNING: every step of {', '.join(kept_all)} was contended and is kept: "
+                 "its numbers measure a busy machine")
+    return line

@@ -5,7 +5,9 @@ once, or one at a time when two do not fit in RAM; on CPU the streamed modes get
 own, see ``_Sessions``), and for every repeat all modes in a rotated order, grouped by
 session (interleaved, so drift on a shared machine hits every mode alike). Before each (mode, repeat) the trainer, KL controller and data position are reset
 to the start, the initial weights are synced to the engine, and the mode's scheduler and
-feeder are set up fresh; one warm-up step is run and not recorded.
+feeder are set up fresh; one warm-up step is run and not recorded. Each measured step
+runs under the contention guard (``bench.contention``): an optional bounded wait for a
+quiet machine, and the CPU other processes used during the step, kept in its record.
 
 Leaves out: the lower bound (``bench.limit``), tables and plots (``bench.report``).
 """
@@ -16,6 +18,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+from colocate.bench.contention import GuardOptions, guarded
 from colocate.config import Config
 from colocate.metrics import rss_mb
 
@@ -53,8 +56,8 @@ class _Sessions:
     next to the first (measured: one SmolLM2 session at batch 16 x 128 holds ~10 GB); then
     the other is closed first and rebuilt when needed. Same seed: same initial weights."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg, self.built = cfg, {}
+    def __init__(self, cfg: Config, reward_fns: Sequence[Callable] = ()) -> None:
+        self.cfg, self.built, self.reward_fns = cfg, {}, list(reward_fns)
         self.baseline_mb = rss_mb()
         self.rebuilds = 0
 
@@ -73,7 +76,7 @@ class _Sessions:
             if self.built and not fits_beside(rss_mb() - self.baseline_mb, free_mb()):
                 self.close()
                 self.built, self.rebuilds = {}, self.rebuilds + 1
-            session = builder.build(_mode_cfg(self.cfg, mode), log=lambda m: None)
+            session = builder.build(_mode_cfg(self.cfg, mode), reward_fns=self.reward_fns, log=lambda m: None)
             self.built[key] = (session, session.trainer.state_dict(), session.kl_ctl.state_dict())
         return self.built[key]
 
@@ -104,12 +107,12 @@ def grouped_order(modes: Sequence[str], rep: int, key: Callable[[str], Any]) -> 
 
 
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
-                 progress: Callable[[str], None] = print, limit_probe=None) -> dict[str, Any]:
-    """Records of every measured step, tagged with mode and repeat; plus the probe (on the
-    sequential mode's engines)."""
-    from colocate import loop
-
-    sessions = _Sessions(cfg)
+                 progress: Callable[[str], None] = print, limit_probe=None, *,
+                 reward_fns: Sequence[Callable] = (), guard: GuardOptions | None = None) -> dict[str, Any]:
+    """Records of every measured step, tagged with mode and repeat (and, under ``guard``,
+    the others' CPU load during the step); plus the probe (on the sequential mode's
+    engines). ``reward_fns`` add to the reward model's score in every mode."""
+    sessions = _Sessions(cfg, reward_fns)
     records: list[dict[str, Any]] = []
     try:
         first, _, _ = sessions.get("sequential")
@@ -118,16 +121,24 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
             for mode in grouped_order(modes, rep, sessions.key):
                 session, initial, kl_state = sessions.get(mode)
                 _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
-                started = time.perf_counter()
-                for k in range(steps + 1):
-                    rec = loop.step(session)
-                    if k == 0:  # warm-up: caches, allocator, first chunk tuning
-                        started = time.perf_counter()
-                        continue
-                    records.append({**rec, "mode": mode, "repeat": rep,
-                                    "wall_s": time.perf_counter() - started})
-                    progress(f"  repeat {rep + 1}/{repeats} {mode:<10} step {k}/{steps}: "
-                             f"{rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}")
+                records += _measure(session, mode, rep, steps, guard,
+                                    lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"))
     finally:
         sessions.close()
     return {"records": records, "probe": probe, "session_rebuilds": sessions.rebuilds}
+
+
+def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | None,
+             progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """One warm-up step (caches, allocator, first chunk tuning), then ``steps`` measured ones."""
+    from colocate import loop
+
+    loop.step(session)
+    started, waited, out = time.perf_counter(), 0.0, []
+    for k in range(1, steps + 1):
+        rec, load = guarded(lambda: loop.step(session), guard)
+        waited += load.get("quiet_wait_s", 0.0)  # wall_s: seconds of steps, not of waiting
+        out.append({**rec, **load, "mode": mode, "repeat": rep, "wall_s": time.perf_counter() - started - waited})
+        flag = f", others {load['others_cores']:.2f} cores" + (" CONTENDED" if load["contended"] else "") if load else ""
+        progress(f"{mode:<10} step {k}/{steps}: {rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}{flag}")
+    return out

@@ -1,9 +1,12 @@
 """`colocate bench`: every workload, every mode side by side, the TRL peer, one report.
 
 Owns: resolving the preset into configs, running each workload (``bench.runner``), the
-TRL peer in a subprocess (its own process, so neither run shares threads or memory), and
-writing ``report.md``, ``results.json`` and the plots into the run folder.
-Leaves out: what a mode does (``colocate``), the numbers' meaning (``bench.report``).
+TRL peer in a subprocess (its own process, so neither run shares threads or memory; same
+models, prompt source, cap and EOS rule as the workload), the time-to-reward study
+instead when asked (``--convergence``, ``bench.convergence``), and writing ``report.md``,
+``results.json`` and the plots into the run folder.
+Leaves out: what a mode does (``colocate``), the numbers' meaning (``bench.report``), the
+contention accounting (``bench.contention``).
 """
 
 from __future__ import annotations
@@ -16,8 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from colocate.bench import limit, plots, report, runner
-from colocate.bench.workloads import MODES, PRESETS, Preset, small_models, workload_overrides
+from colocate.bench import contention, convergence, limit, plots, report, runner
+from colocate.bench.contention import GuardOptions, guarded
+from colocate.bench.convergence import ConvergenceOptions
+from colocate.bench.workloads import (MODES, PRESETS, Preset, small_models, workload_models, workload_overrides,
+                                      workload_reward_fns)
+
+SENTIMENT = "sentiment-prompts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +39,9 @@ class BenchOptions:
     out_dir: str = ""
     chunk_size: int = 16
     delta: int = 2
+    overrides: tuple[str, ...] = ()  # config overrides of every run, after the preset's (--set)
+    guard: GuardOptions = GuardOptions()
+    convergence: ConvergenceOptions | None = None  # set: run the time-to-reward study instead
 
 
 def _preset(opts: BenchOptions) -> Preset:
@@ -48,40 +59,51 @@ def _models(preset: Preset, out: Path) -> tuple[str, str]:
     return str(paths["smollm2"]), str(paths["sentiment-rm"])
 
 
+def _common(opts: BenchOptions, actor: str, rm: str) -> list[str]:
+    """Overrides every bench run shares: models, fixed chunk and Δ, no evaluation."""
+    return [f"models.actor={actor}", f"models.reward={rm}", "data.max_prompt_tokens=512", "run.eval_every=0",
+            f"overlap.chunk_size={opts.chunk_size}", f"overlap.delta_init={opts.delta}",
+            "overlap.delta_adaptive=false", f"overlap.delta_max={max(opts.delta, 1)}"]
+
+
 def _config(preset: Preset, opts: BenchOptions, workload: str, actor: str, rm: str, out: Path):
     from colocate.config import load_config
 
-    return load_config(overrides=[
-        f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out / workload}",
-        "data.max_prompt_tokens=512", "run.eval_every=0", f"overlap.chunk_size={opts.chunk_size}",
-        f"overlap.delta_init={opts.delta}", "overlap.delta_adaptive=false",
-        f"overlap.delta_max={max(opts.delta, 1)}", *workload_overrides(preset, workload)])
+    return load_config(overrides=[*_common(opts, actor, rm), f"run.out_dir={out / workload}",
+                                  *workload_overrides(preset, workload), *opts.overrides])
 
 
 def peer_shape(preset: Preset, workload: str) -> tuple[int, bool]:
     """(max new tokens, stop at EOS) of the TRL run matching ``workload``: TRL has one
-    response length per batch, so ``short`` runs at its short fixed length, ``task`` stops
-    at EOS like colocate, and the long-tail workloads run to the cap (TRL generates the
-    batch until its longest response ends; the report compares tokens/s too)."""
-    if workload == "short":
-        return preset.short_tokens(), False
-    return preset.max_new_tokens, workload == "task"
+    response length per batch, so ``short`` runs at its short fixed length, ``task`` and
+    ``reasoning`` stop at EOS like colocate (same cap), and the synthetic long-tail
+    workloads run to the cap (TRL generates the batch until its longest response ends;
+    the report compares tokens/s too)."""
+    return preset.tokens(workload), workload in ("task", "reasoning")
+
+
+def peer_key(tokens: int, stop_at_eos: bool, source: str) -> str:
+    """Name of one TRL run in ``peer_raw`` and of its folder: ``<tokens>[-eos][-<task>]``."""
+    return f"{tokens}{'-eos' if stop_at_eos else ''}{'' if source == SENTIMENT else '-' + source.split(':')[-1]}"
 
 
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
-             stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2) -> dict[str, Any] | None:
-    """TRL's PPO on the same models, batch and PPO epochs/minibatches, in a subprocess;
+             stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2, source: str = SENTIMENT,
+             guard: GuardOptions | None = None) -> dict[str, Any] | None:
+    """TRL's PPO on the same models, prompts, batch and PPO epochs/minibatches, in a
+    subprocess (under the contention guard: the others' load is in ``contention``);
     None if unavailable."""
     new_tokens = new_tokens or preset.max_new_tokens
     cmd = [sys.executable, "-m", "colocate.bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
            "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
            "--updates", str(preset.peer_updates), "--epochs", str(epochs),
-           "--minibatches", str(minibatches), "--out", str(out)]
+           "--minibatches", str(minibatches), "--source", source, "--out", str(out)]
     if stop_at_eos:
         cmd.append("--stop-at-eos")
-    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens, "
+    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens from {source}, "
         f"{epochs} epochs × {minibatches} minibatches" + (" (stop at EOS)" if stop_at_eos else ""))
-    proc = subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]), capture_output=True, text=True)
+    proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
+                                                capture_output=True, text=True), guard)
     result = out / "trl_result.json"
     if proc.returncode != 0 or not result.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -89,7 +111,7 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
         return None
     data = json.loads(result.read_text())
     data["batch_size"] = preset.batch_size
-    data["new_tokens"], data["stop_at_eos"] = new_tokens, stop_at_eos
+    data["new_tokens"], data["stop_at_eos"], data["source"], data["contention"] = new_tokens, stop_at_eos, source, load
     return data
 
 
@@ -111,38 +133,82 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     actor, rm = _models(preset, out)
     env = environment()
+    guard = opts.guard if contention.available() else None
     results: dict[str, Any] = {"preset": dataclasses.asdict(preset), "options": dataclasses.asdict(opts),
                                "environment": env, "models": {"actor": actor, "reward": rm}, "workloads": {}}
-    sections = [f"# colocate bench — preset `{preset.name}`", "",
-                f"{env['date']}, commit `{env['commit']}`; {env['device']}, "
-                f"{env['cpu cores (torch threads)']} torch threads; sglang {env['sglang']}, "
-                f"torch {env['torch']}, transformers {env['transformers']}.", "",
-                f"models: actor `{actor}`, reward `{rm}`; batch {preset.batch_size}; "
-                f"{preset.repeats} repeats × {preset.steps} measured steps per mode (after 1 warm-up), "
-                f"modes interleaved in rotated order; chunk {opts.chunk_size}, Δ {opts.delta}.", ""]
-    peers: dict[tuple[int, bool], dict[str, Any] | None] = {}
-    for workload in preset.workloads:
-        peer = None
-        cfg = _config(preset, opts, workload, actor, rm, out)
-        if opts.peer and preset.peer_updates:
-            shape = peer_shape(preset, workload)
-            if shape not in peers:
-                peers[shape] = run_peer(actor, rm, preset, out / f"trl-{shape[0]}{'-eos' if shape[1] else ''}",
-                                        log, new_tokens=shape[0], stop_at_eos=shape[1],
-                                        epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches)
-            peer = peers[shape]
-        log(f"workload {workload}")
-        data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe)
-        summary = report.summarize(data["records"], data["probe"], opts.modes)
-        peer_info = report.peer_ratio(summary, peer)
-        if peer_info:
-            peer_info["trl_version"] = peer.get("trl_version", "?")
-        plots.gantt(data["records"], opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
-        plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")
-        results["workloads"][workload] = {**data, "summary": summary, "peer": peer_info}
-        sections += [report.markdown(workload, summary, peer_info, data["probe"]), "",
-                     f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", ""]
-    results["peer_raw"] = {f"{n}{'-eos' if eos else ''}": p for (n, eos), p in peers.items()}
+    sections = _header(preset, opts, env, actor, rm, guard)
+    if opts.convergence is not None:
+        sections += _convergence(opts, actor, rm, out, guard, results, log)
+    else:
+        peers: dict[tuple[int, bool, str], dict[str, Any] | None] = {}
+        for workload in preset.workloads:
+            sections += _workload(preset, opts, workload, (actor, rm), out, guard, peers, results, log)
+        results["peer_raw"] = {peer_key(*k): p for k, p in peers.items()}
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "report.md").write_text("\n".join(sections))
     return out
+
+
+def _header(preset: Preset, opts: BenchOptions, env: dict[str, str], actor: str, rm: str,
+            guard: GuardOptions | None) -> list[str]:
+    what = (f"time to reward: {' vs '.join(opts.convergence.modes)}, {opts.convergence.steps} steps each, "
+            f"held-out evaluation every {opts.convergence.eval_every}" if opts.convergence is not None else
+            f"batch {preset.batch_size}; {preset.repeats} repeats × {preset.steps} measured steps per mode "
+            "(after 1 warm-up), modes interleaved in rotated order")
+    extra = [*preset.overrides, *opts.overrides]
+    return [f"# colocate bench — preset `{preset.name}`", "",
+            f"{env['date']}, commit `{env['commit']}`; {env['device']}, "
+            f"{env['cpu cores (torch threads)']} torch threads; sglang {env['sglang']}, "
+            f"torch {env['torch']}, transformers {env['transformers']}.", "",
+            f"models: actor `{actor}`, reward `{rm}`; {what}; chunk {opts.chunk_size}, Δ {opts.delta}"
+            + (f"; overrides `{' '.join(extra)}`" if extra else "") + ".", "",
+            (f"contention guard: a step is contended when other processes use more than {guard.limit_cores:g} "
+             f"cores on average during it; up to {guard.quiet_wait_s:g} s of waiting for a quiet machine "
+             "before each step." if guard else "contention guard: off (no /proc/stat here)."), ""]
+
+
+def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[str, str], out: Path,
+              guard: GuardOptions | None, peers: dict, results: dict[str, Any], log) -> list[str]:
+    """Run one workload (and its TRL peer when not run yet); its report section."""
+    actor, rm = workload_models(preset, workload, *models)
+    cfg = _config(preset, opts, workload, actor, rm, out)
+    peer = None
+    if opts.peer and preset.peer_updates:
+        key = (*peer_shape(preset, workload), preset.source(workload))
+        if key not in peers:
+            peers[key] = run_peer(actor, rm, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0],
+                                  stop_at_eos=key[1], epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches,
+                                  source=key[2], guard=guard)
+        peer = peers[key]
+    log(f"workload {workload}")
+    data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe,
+                               reward_fns=workload_reward_fns(cfg), guard=guard)
+    summary = report.summarize(data["records"], data["probe"], opts.modes)
+    peer_info = report.peer_ratio(summary, peer)
+    if peer_info:
+        peer_info["trl_version"] = peer.get("trl_version", "?")
+        peer_info["contention"] = peer.get("contention") or {}
+    kept, _ = report.uncontended(data["records"], opts.modes)
+    plots.gantt(kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
+    plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")
+    results["workloads"][workload] = {**data, "models": {"actor": actor, "reward": rm}, "summary": summary,
+                                      "peer": peer_info}
+    return [report.markdown(workload, summary, peer_info, data["probe"], guard.limit_cores if guard else None), "",
+            f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", ""]
+
+
+def _convergence(opts: BenchOptions, actor: str, rm: str, out: Path, guard: GuardOptions | None,
+                 results: dict[str, Any], log) -> list[str]:
+    """The time-to-reward study (``bench.convergence``); its report section."""
+    conv = opts.convergence
+    base = [*_common(opts, actor, rm), *PRESETS[opts.preset].overrides, *opts.overrides]
+    runs = {}
+    for mode, cfg in convergence.configs(conv, base, out).items():
+        log(f"convergence: {mode}, {conv.steps} steps")
+        runs[mode] = convergence.run_mode(cfg, guard, log)
+    curves = {m: convergence.curve(r["metrics"], r["evals"]) for m, r in runs.items()}
+    contended = {m: sum(x["contended"] for x in r["loads"]) for m, r in runs.items()}
+    summary = convergence.summarize(curves, contended, base=conv.modes[0])
+    plots.convergence(curves, summary["target"], out / "convergence.png", "held-out reward vs training seconds")
+    results["convergence"] = {"runs": runs, "curves": curves, "summary": summary}
+    return [convergence.markdown(summary, "convergence.png"), ""]

@@ -11,6 +11,18 @@ FSDP all-gather of the actor's full weights into host memory, as the weight sync
 before the trainer is offloaded; the push into SGLang is not part of it) -> offload.
 PPO settings are the config's defaults (``--set ppo.epochs=1`` etc. to change them).
 
+``--compare`` runs the same batches, step by step in turn, through the right-padded
+trainer (``ppo.packing=false``), the packed one (``ppo.packing=true``) and a plain-PyTorch
+loop over the same packed micro-batches (transformers models without FSDP: the same
+forwards, backwards and AdamW steps, no PPO bookkeeping): it reports packed vs padded
+time and the packed trainer's overhead over the plain loop, each as a per-step ratio with
+its spread. ``--lengths lognormal`` draws response lengths from a lognormal (median
+response-tokens / 4, sigma 1) capped at ``--response-tokens``: a long tail, as from
+rollouts that end at EOS. The issue's measurement (SmolLM2 shape, batch 16, cap 256):
+
+    python -m colocate.bench.train_phases --device cpu --shape smollm2-135m --batch 16 \
+        --response-tokens 256 --lengths lognormal --compare --steps 3 --warmup 1 --out runs/train-compare
+
 On CUDA it also reports the device memory the trainer holds before and after offload,
 the device's free memory before and after, and each step's peak. It needs no SGLang: it
 is how the CUDA FSDP path is checked where SGLang's CUDA build is not installed.
@@ -22,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -49,15 +62,26 @@ class Options:
     host_offload: str = "pinned"  # or "pageable": module.to("cpu") each step
     sets: tuple[str, ...] = ()
     out: str | None = None
+    lengths: str = "even"  # response lengths: "even" over [R / 2, R], or "lognormal" (median R / 4, sigma 1, cap R)
+    compare: bool = False  # padded vs packed trainer vs a plain-PyTorch loop, step by step in turn
 
 
-def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int):
-    """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of lengths
-    spread evenly over [response_tokens / 2, response_tokens] (the longest exactly that)."""
+def response_lengths(rows: int, response_tokens: int, kind: str, g: torch.Generator) -> list[int]:
+    """even: spread over [R / 2, R] (the longest exactly R); lognormal: median R / 4, sigma 1, in [1, R]."""
+    if kind == "lognormal":
+        z = torch.randn(rows, generator=g, dtype=torch.float64)
+        return [int(min(response_tokens, max(1, round(response_tokens / 4 * math.exp(x))))) for x in z.tolist()]
+    return [response_tokens - (response_tokens // 2) * i // max(rows, 1) for i in range(rows)]
+
+
+def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int,
+                    lengths: str = "even"):
+    """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of
+    `response_lengths(kind=lengths)`."""
     from colocate.trainer.batch import make_batch
 
     g = torch.Generator().manual_seed(seed)
-    lengths = [response_tokens - (response_tokens // 2) * i // max(rows, 1) for i in range(rows)]
+    lengths = response_lengths(rows, response_tokens, lengths, g)
     prompts = [torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
     scores = torch.randn(rows, generator=g).tolist()
@@ -100,7 +124,7 @@ def one_step(trainer, batch, kl_coef: float, device: torch.device) -> dict[str, 
         torch.cuda.reset_peak_memory_stats(device)
     clock("onload", trainer.onload)
     ref = clock("ref", lambda: trainer.ref_logprobs(batch))
-    old = clock("old_logp", lambda: trainer.old_logprobs(batch))
+    old = clock("old_logp", lambda: trainer.old_logprobs(batch, current_version=0))
     values = clock("values", lambda: trainer.values(batch))
     adv, returns, _, _ = clock("advantages", lambda: trainer.advantages(batch, old, ref, values, kl_coef))
     critic = clock("critic", lambda: trainer.train_critic(batch, values, returns))
@@ -146,18 +170,24 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         start = time.perf_counter()
         trainer = make_trainer(cfg, path, path, dist)
         build_s = time.perf_counter() - start
+        plain = PlainLoop.load(path, cfg, trainer.settings.token_budget) if opts.compare else None
     vocab = trainer.actor.config.vocab_size
     params = sum(p.numel() for p in trainer.actor.parameters())  # this rank's shard
     steps = []
     for i in range(opts.warmup + opts.steps):
-        batch = synthetic_batch(opts.batch, opts.prompt_tokens, opts.response_tokens, vocab, opts.seed + i)
-        rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device)
+        batch = synthetic_batch(opts.batch, opts.prompt_tokens, opts.response_tokens, vocab, opts.seed + i,
+                                opts.lengths)
+        if plain is not None:
+            rec = compare_step(trainer, plain, batch, cfg.ppo.kl_coef, dist.device)
+        else:
+            rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device)
         rec["warmup"] = i < opts.warmup
         steps.append(rec)
         if dist.is_main:
             total = sum(rec["seconds"].values())
             log(f"step {i + 1}/{opts.warmup + opts.steps}{' (warm-up)' if rec['warmup'] else ''}: "
-                f"{total:.2f} s " + " ".join(f"{k} {v:.2f}" for k, v in rec["seconds"].items()))
+                f"{total:.2f} s " + " ".join(f"{k} {v:.2f}" for k, v in rec["seconds"].items())
+                + "".join(f" | {m} {sum(r['seconds'].values()):.2f} s" for m, r in rec.get("modes", {}).items()))
     timed = [s for s in steps if not s["warmup"]] or steps
     phases = {p: _spread([s["seconds"][p] for s in timed]) for p in PHASES}
     phases["total"] = _spread([sum(s["seconds"].values()) for s in timed])
@@ -167,8 +197,109 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         "torch": torch.__version__, "actor_params_per_rank": params, "build_s": build_s,
         "ppo": {"epochs": cfg.ppo.epochs, "minibatches": cfg.ppo.minibatches},
         "host_offload": cfg.engines.host_offload, "pinned_host_gib": trainer.stash.pinned_bytes / GIB,
-        "phases": phases, "steps": steps,
+        "phases": phases, "steps": steps, "comparison": comparison(timed) if plain is not None else None,
     }
+
+
+# ---------------------------------------------------------------- --compare: padded vs packed vs plain PyTorch
+
+TRAIN_PHASES = ("ref", "old_logp", "values", "advantages", "critic", "actor")  # what the modes compare
+
+
+@dataclasses.dataclass
+class PlainLoop:
+    """The trainer's passes in plain PyTorch: transformers models without FSDP, the same packed
+    micro-batches (`first_fit_decreasing` + `pack`), forward + backward + clip + AdamW, and
+    no PPO bookkeeping (a stand-in loss: the mean log-prob or value)."""
+
+    actor: torch.nn.Module
+    critic: torch.nn.Module
+    optims: tuple[torch.optim.Optimizer, torch.optim.Optimizer]
+    budget: int
+    epochs: int
+    minibatches: int
+
+    @classmethod
+    def load(cls, path: str, cfg, budget: int) -> PlainLoop:
+        from transformers import AutoModelForCausalLM
+
+        from colocate.trainer.critic import ValueModel
+
+        actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        critic = ValueModel.from_pretrained(path).eval()
+        optims = (torch.optim.AdamW(actor.parameters(), lr=1e-6), torch.optim.AdamW(critic.parameters(), lr=1e-6))
+        return cls(actor, critic, optims, budget, cfg.ppo.epochs, cfg.ppo.minibatches)
+
+    def step(self, batch) -> dict[str, float]:
+        """Seconds of {no_grad (2 policy + 1 value forward), critic, actor} over `batch`."""
+        from colocate.trainer.packed import pack
+        from colocate.trainer.packing import first_fit_decreasing
+
+        def micro(rows: torch.Tensor) -> list:
+            bins = first_fit_decreasing(batch.attention_mask[rows].sum(-1).tolist(), self.budget)
+            return [pack(batch.select(rows[torch.tensor(b)])) for b in bins]
+
+        def logp(p) -> torch.Tensor:
+            logits = self.actor(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
+                                logits_to_keep=p.keep).logits[0]  # [n, V]
+            return torch.log_softmax(logits.float(), -1).gather(-1, p.targets[:, None])  # [n, 1]
+
+        def value(p) -> torch.Tensor:
+            return self.critic(p.input_ids, None, position_ids=p.position_ids)[0, p.keep]  # [n]
+
+        def train(fn, model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
+            g = torch.Generator().manual_seed(0)
+            for _ in range(self.epochs):
+                for idx in batch.minibatches(self.minibatches, g):
+                    for p in micro(idx):
+                        fn(p).mean().backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optim.step()
+                    optim.zero_grad(set_to_none=True)
+
+        clock = _Clock(torch.device("cpu"))
+        with torch.no_grad():
+            clock("no_grad", lambda: [fn(p) for fn in (logp, logp, value) for p in micro(torch.arange(batch.size))])
+        clock("critic", lambda: train(value, self.critic, self.optims[1]))
+        clock("actor", lambda: train(logp, self.actor, self.optims[0]))
+        return clock.seconds
+
+
+def compare_step(trainer, plain: PlainLoop, batch, kl_coef: float, device: torch.device) -> dict[str, Any]:
+    """One step of each: the padded trainer, the packed trainer, the plain loop (same batch).
+
+    One trainer, its settings switched between the two: a step's time does not depend on
+    the weights' values, and two SmolLM2 trainers do not fit beside each other in the
+    memory of our 2-core machines.
+    """
+    base = trainer.settings
+    modes = {}
+    for name, packing in (("padded", False), ("packed", True)):
+        trainer.settings = dataclasses.replace(base, packing=packing)
+        modes[name] = one_step(trainer, batch, kl_coef, device)
+    trainer.settings = base
+    modes["plain"] = {"seconds": plain.step(batch)}
+    used = batch.attention_mask
+    tokens = {"real": int(used.sum()), "padded": int(used.numel()),
+              "response_real": int(batch.response_mask.sum()), "response_padded": int(batch.response_mask.numel())}
+    return {**modes["packed"], "modes": modes, "tokens": tokens}
+
+
+def comparison(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step trainer seconds of each mode, packed vs padded and packed vs plain ratios, tokens/s."""
+    def trainer_s(step: dict[str, Any], mode: str) -> float:
+        seconds = step["modes"][mode]["seconds"]
+        return sum(seconds.get(p, 0.0) for p in TRAIN_PHASES) if mode != "plain" else sum(seconds.values())
+
+    out = {mode: _spread([trainer_s(s, mode) for s in steps]) for mode in ("padded", "packed", "plain")}
+    out["speedup_packed_vs_padded"] = _spread([trainer_s(s, "padded") / trainer_s(s, "packed") for s in steps])
+    out["overhead_packed_vs_plain"] = _spread([trainer_s(s, "packed") / trainer_s(s, "plain") - 1 for s in steps])
+    out["tokens_per_s"] = {mode: _spread([s["tokens"]["real"] / trainer_s(s, mode) for s in steps])
+                           for mode in ("padded", "packed", "plain")}
+    out["padded_per_real_tokens"] = _spread([s["tokens"]["padded"] / s["tokens"]["real"] for s in steps])
+    out["padded_per_real_response_tokens"] = _spread(
+        [s["tokens"]["response_padded"] / s["tokens"]["response_real"] for s in steps])
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -202,7 +333,34 @@ def markdown(result: dict[str, Any]) -> str:
             delta = after[key] - before[key] if key == "device_free_gib" else before[key] - after[key]
             lines.append(f"| {label} | {before[key]:.2f} | {after[key]:.2f} | {delta:.2f} |")
         lines.append(f"| peak allocated during the step | {last['peak_allocated_gib']:.2f} | | |")
+    if result.get("comparison"):
+        lines += _comparison_lines(result["comparison"])
     return "\n".join(lines) + "\n"
+
+
+def _comparison_lines(c: dict[str, Any]) -> list[str]:
+    def cell(s: dict[str, float], fmt: str) -> str:
+        return f"{s['median']:{fmt}} ({s['min']:{fmt}}–{s['max']:{fmt}})"
+
+    lines = [
+        "",
+        "Trainer phases (ref, old_logp, values, advantages, critic, actor) per step, same batches in turn; "
+        f"padded/real tokens {cell(c['padded_per_real_tokens'], '.2f')}, "
+        f"response tokens only {cell(c['padded_per_real_response_tokens'], '.2f')}.",
+        "",
+        "| trainer | seconds, median (min–max) | real tokens/s |",
+        "| --- | ---: | ---: |",
+    ]
+    for mode in ("padded", "packed", "plain"):
+        label = "plain PyTorch loop (no FSDP)" if mode == "plain" else f"{mode} (FSDP)"
+        lines.append(f"| {label} | {cell(c[mode], '.2f')} | {cell(c['tokens_per_s'][mode], '.0f')} |")
+    overhead = {k: 100 * v for k, v in c["overhead_packed_vs_plain"].items()}
+    lines += [
+        "",
+        f"packed vs padded: {cell(c['speedup_packed_vs_padded'], '.2f')}x faster; "
+        f"packed trainer over the plain loop: {cell(overhead, '+.0f')} %",
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -226,6 +384,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="config override (ppo.*, models.dtype, ...); repeatable")
     ap.add_argument("--out", default=None, help="folder for train_phases.json and train_phases.md")
+    ap.add_argument("--lengths", default=d.lengths, choices=["even", "lognormal"],
+                    help="response lengths: even over [R/2, R], or lognormal (median R/4, sigma 1) capped at R")
+    ap.add_argument("--compare", action="store_true",
+                    help="padded vs packed trainer vs a plain-PyTorch loop on the same batches, in turn")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here; use --device cpu")
@@ -233,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(a, field) < 1:
             ap.error(f"--{field.replace('_', '-')} must be at least 1")
     opts = Options(a.device, a.shape, a.model, a.dtype, a.batch, a.prompt_tokens, a.response_tokens, a.steps,
-                   a.warmup, a.seed, a.host_offload, tuple(a.sets), a.out)
+                   a.warmup, a.seed, a.host_offload, tuple(a.sets), a.out, a.lengths, a.compare)
     result = measure(opts)
     import torch.distributed as tdist
 

@@ -2,23 +2,29 @@
 
 Owns: the named workloads a user recognises — ``short`` (uniform short responses),
 ``longtail`` (lognormal per-request budgets: a few responses much longer than the rest),
-``pareto`` (heavier tail), ``task`` (the default task's real prompts, EOS decides) — as
-config overrides, and the ``quick`` / ``full`` presets (models, batch, steps, repeats).
-Leaves out: running them (``bench.runner``).
+``pareto`` (heavier tail), ``task`` (the default task's real prompts, EOS decides),
+``reasoning`` (reasoning-gym questions, EOS decides, a long cap: the real long tail) — as
+config overrides, the rule reward a workload adds to the reward model's score, and the
+``quick`` / ``full`` presets (models, batch, steps, repeats, extra overrides).
+Leaves out: running them (``bench.runner``), the bench's own models (``bench.models``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+
+from colocate.bench.models import eos_prone_actor, small_models
 
 WORKLOADS: dict[str, list[str]] = {
     "short": ["rollout.length_dist=fixed", "rollout.ignore_eos=true"],
     "longtail": ["rollout.length_dist=lognormal", "rollout.length_sigma=1.0", "rollout.ignore_eos=true"],
     "pareto": ["rollout.length_dist=pareto", "rollout.pareto_alpha=1.2", "rollout.ignore_eos=true"],
     "task": ["rollout.length_dist=fixed", "rollout.ignore_eos=false"],
+    # + data.source=reasoning-gym:<preset's task>; reward = reward model + the task's scorer
+    "reasoning": ["rollout.length_dist=fixed", "rollout.ignore_eos=false", "data.max_prompt_tokens=1024"],
 }
 MODES = ("sequential", "intra", "inter", "oppo")
+REASONING_TASK = "gsm_symbolic"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,36 +37,65 @@ class Preset:
     max_new_tokens: int
     models: str  # "small": built by the bench (random weights); "default": SmolLM2 + sentiment RM
     peer_updates: int  # TRL PPO updates (0: no peer)
+    reasoning_tokens: int = 256  # the reasoning workload's cap (EOS decides below it)
+    reasoning_task: str = REASONING_TASK  # a reasoning-gym dataset name
+    overrides: tuple[str, ...] = ()  # config overrides of every workload (trainer switches, e.g. ppo.*)
 
     def short_tokens(self) -> int:
         return max(4, self.max_new_tokens // 4)
 
+    def tokens(self, workload: str) -> int:
+        """``rollout.max_new_tokens`` of ``workload`` (also the TRL peer's response length)."""
+        if workload == "short":
+            return self.short_tokens()
+        return self.reasoning_tokens if workload == "reasoning" else self.max_new_tokens
 
+    def source(self, workload: str) -> str:
+        """``data.source`` of ``workload`` (also the TRL peer's prompts)."""
+        return f"reasoning-gym:{self.reasoning_task}" if workload == "reasoning" else "sentiment-prompts"
+
+
+# Repeats: a ratio's min–max is over repeats, and the range of n draws covers on average
+# (n-1)/(n+1) of their distribution: 50 % at 3, 67 % at 5. quick is cheap, so 5 repeats x
+# 2 steps; full keeps 3 x 4 (a SmolLM2 step is minutes on 2 cores) and relies on the
+# contention guard to keep a busy neighbour out of the medians.
 PRESETS = {
-    "quick": Preset("quick", ("short", "longtail"), repeats=3, steps=2, batch_size=8,
-                    max_new_tokens=64, models="small", peer_updates=2),
-    "full": Preset("full", ("short", "longtail", "task"), repeats=3, steps=4, batch_size=16,
-                   max_new_tokens=128, models="default", peer_updates=3),
+    "quick": Preset("quick", ("short", "longtail", "reasoning"), repeats=5, steps=2, batch_size=8,
+                    max_new_tokens=64, models="small", peer_updates=2, reasoning_tokens=128),
+    "full": Preset("full", ("short", "longtail", "task", "reasoning"), repeats=3, steps=4, batch_size=16,
+                   max_new_tokens=128, models="default", peer_updates=3, reasoning_tokens=256),
 }
 
 
 def workload_overrides(preset: Preset, workload: str) -> list[str]:
-    """Config overrides of one workload under ``preset``."""
+    """Config overrides of one workload under ``preset`` (the preset's own overrides last)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload '{workload}'; choose from {sorted(WORKLOADS)}")
-    tokens = preset.short_tokens() if workload == "short" else preset.max_new_tokens
-    return [*WORKLOADS[workload], f"rollout.batch_size={preset.batch_size}",
-            f"rollout.max_new_tokens={tokens}", "ppo.minibatches=2"]
+    return [*WORKLOADS[workload], f"data.source={preset.source(workload)}",
+            f"rollout.batch_size={preset.batch_size}", f"rollout.max_new_tokens={preset.tokens(workload)}",
+            "ppo.minibatches=2", *preset.overrides]
 
 
-def small_models(root: Path) -> tuple[str, str]:
-    """A small random Llama actor and reward model (SmolLM2-like width, few layers):
-    throughput mechanics without the cost of real weights. Built once per folder."""
-    from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+def workload_reward_fns(cfg) -> list:  # noqa: ANN001 - colocate.config.Config
+    """Rule rewards added to the reward model's score: a reasoning-gym source's own scorer
+    (1 for a correct answer), so every mode, streamed ones included, scores RM + rule."""
+    from colocate.tasks import REASONING_GYM_PREFIX, reasoning_gym_reward
 
-    actor, rm = root / "small-actor", root / "small-rm"
-    if not (actor / "config.json").is_file():
-        build_tiny_causal_lm(actor, seed=0, hidden=256, layers=4, heads=8, kv_heads=4, max_positions=2048)
-    if not (rm / "config.json").is_file():
-        build_tiny_reward_model(rm, seed=1, hidden=256, layers=4, heads=8, kv_heads=4, max_positions=2048)
-    return str(actor), str(rm)
+    if cfg.reward.kind == "model" and cfg.data.source.startswith(REASONING_GYM_PREFIX):
+        return [reasoning_gym_reward(cfg.data.source.removeprefix(REASONING_GYM_PREFIX))]
+    return []
+
+
+def workload_models(preset: Preset, workload: str, actor: str, rm: str) -> tuple[str, str]:
+    """The (actor, reward) folders of ``workload``: the preset's, except that ``reasoning``
+    on the small random models gets an actor that ends at EOS after ~cap/4 tokens (a random
+    model almost never picks EOS, so every response would run to the cap)."""
+    if workload == "reasoning" and preset.models == "small":
+        from pathlib import Path
+
+        return eos_prone_actor(actor, Path(actor).parent, mean_tokens=preset.reasoning_tokens // 4), rm
+    return actor, rm
+
+
+__all__ = ["MODES", "PRESETS", "Preset", "WORKLOADS", "small_models", "workload_models", "workload_overrides",
+           "workload_reward_fns"]

@@ -1,0 +1,132 @@
+"""Time to reward: ``colocate bench --convergence``, OPPO's own headline metric.
+
+Runs ``sequential`` and ``oppo`` (by default) for N steps each on the default task
+(sentiment prompts, the reward model; the preset's models), one after the other, each a
+plain ``colocate train`` run with the same seeds and a held-out evaluation every few
+steps, and compares held-out reward against training seconds: the cumulative ``step_s``
+of the run's steps up to each evaluation (evaluations, checkpoints and engine start are
+not training and are left out; they cost every mode the same). The target is the
+sequential run's final held-out reward; each mode's time to reward is the training time
+at its first evaluation at or above it ("not reached" otherwise). Between steps the
+contention guard records the others' CPU load and can wait for a quiet machine.
+
+Owns: the runs' configs, running them, the curve and time-to-reward arithmetic (pure
+functions), the markdown section. Leaves out: the plot (``bench.plots``), throughput.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from colocate.bench import contention
+from colocate.bench.contention import GuardOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvergenceOptions:
+    steps: int = 30  # PPO steps per mode
+    eval_every: int = 3  # held-out evaluation every N steps (and at 0 and the end)
+    modes: tuple[str, ...] = ("sequential", "oppo")
+
+
+def curve(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """[{step, seconds, reward}] per finite evaluation: seconds = sum of ``step_s`` of the
+    steps up to and including the evaluated one (0 at step 0)."""
+    elapsed, total = {0: 0.0}, 0.0
+    for rec in sorted((m for m in metrics if "step_s" in m), key=lambda m: m["step"]):
+        total += rec["step_s"]
+        elapsed[rec["step"]] = total
+    return [{"step": e["step"], "seconds": elapsed[e["step"]], "reward": e["reward_mean"]}
+            for e in evals if e["step"] in elapsed and math.isfinite(e.get("reward_mean", math.nan))]
+
+
+def time_to_reward(points: Sequence[dict[str, float]], target: float) -> float | None:
+    """Training seconds at the first evaluation whose reward is at least ``target``; None if none is."""
+    for p in sorted(points, key=lambda p: p["seconds"]):
+        if p["reward"] >= target:
+            return p["seconds"]
+    return None
+
+
+def summarize(curves: dict[str, list[dict[str, float]]], contended: dict[str, int] | None = None,
+              base: str = "sequential") -> dict[str, Any]:
+    """Target (``base``'s final held-out reward) and, per mode: final reward, time to the
+    target, total training seconds, speed-up in time to reward over ``base``."""
+    target = curves[base][-1]["reward"] if curves.get(base) else math.nan
+    modes: dict[str, Any] = {}
+    for mode, points in curves.items():
+        reached = time_to_reward(points, target) if points and math.isfinite(target) else None
+        modes[mode] = {"final_reward": points[-1]["reward"] if points else math.nan,
+                       "train_seconds": points[-1]["seconds"] if points else math.nan,
+                       "steps": points[-1]["step"] if points else 0, "evals": len(points),
+                       "time_to_target_s": reached, "contended_steps": (contended or {}).get(mode, 0)}
+    base_time = modes.get(base, {}).get("time_to_target_s")
+    for m in modes.values():
+        t = m["time_to_target_s"]
+        m["speedup_vs_base"] = base_time / t if base_time and t else None
+    return {"base": base, "target": target, "modes": modes}
+
+
+def markdown(summary: dict[str, Any], plot: str | None = None) -> str:
+    """The report section: target, then one row per mode."""
+    lines = ["### time to reward (default task, held-out reward)", "",
+             f"target: `{summary['base']}`'s final held-out reward, {summary['target']:+.3f}. "
+             "Seconds are training seconds (sum of step times up to the evaluation; evaluations "
+             "and engine start left out).", "",
+             f"| mode | steps | final held-out reward | training s | time to target s | speed-up vs {summary['base']} "
+             "| contended steps |", "|---|---|---|---|---|---|---|"]
+    for mode, m in summary["modes"].items():
+        reached = f"{m['time_to_target_s']:.1f}" if m["time_to_target_s"] is not None else "not reached"
+        speed = f"{m['speedup_vs_base']:.2f}x" if m["speedup_vs_base"] else "–"
+        lines.append(f"| {mode} | {m['steps']} | {m['final_reward']:+.3f} | {m['train_seconds']:.1f} | "
+                     f"{reached} | {speed} | {m['contended_steps']} |")
+    if plot:
+        lines += ["", f"![convergence]({plot})"]
+    return "\n".join(lines)
+
+
+def configs(conv: ConvergenceOptions, base_overrides: Sequence[str], out: Path) -> dict[str, Any]:
+    """One config per mode: the default task with ``base_overrides`` (models, chunk, Δ, the
+    user's), N steps, evaluation every ``eval_every``, no checkpoints."""
+    from colocate.config import load_config
+
+    return {mode: load_config(overrides=[
+        *base_overrides, f"run.out_dir={out / f'convergence-{mode}'}", f"run.steps={conv.steps}",
+        f"run.eval_every={conv.eval_every}", "run.save_every=0", f"overlap.mode={mode}"]) for mode in conv.modes}
+
+
+def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """One ``colocate train`` run; its metrics, evaluations and per-step others' load."""
+    from colocate import builder, loop
+    from colocate.metrics import read
+
+    session = builder.build(cfg, log=lambda m: None)
+    tracker = _LoadTracker(guard)
+    try:
+        loop.train(session, callbacks=[tracker], progress=lambda r: log(
+            f"  {cfg.overlap.mode:<10} step {r['step']}/{cfg.run.steps}: {r['step_s']:.2f} s"))
+    finally:
+        session.close()
+    out = Path(cfg.run.out_dir)
+    return {"metrics": read(out / "metrics.jsonl"), "evals": read(out / "eval.jsonl"), "loads": tracker.loads}
+
+
+class _LoadTracker:
+    """Step callback: the others' load since the previous step ended (the step, and the
+    evaluation before it when one ran), then a bounded wait for a quiet machine."""
+
+    def __init__(self, guard: GuardOptions | None) -> None:
+        self.guard, self.loads = guard, []
+        self.last = contention.snapshot() if guard else None
+
+    def __call__(self, rec: dict[str, Any]) -> None:
+        if self.guard is None:
+            return
+        load = contention.others_load(self.last, contention.snapshot())
+        self.loads.append({"step": rec.get("step"), "others_cores": load.others_cores,
+                           "contended": contention.contended(load, self.guard.limit_cores)})
+        contention.wait_for_quiet(self.guard)
+        self.last = contention.snapshot()

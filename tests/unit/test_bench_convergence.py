@@ -1,0 +1,64 @@
+"""Time to reward (`colocate bench --convergence`): the curve of held-out reward against
+training seconds, the time to the sequential run's final reward, the report section."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from colocate.bench.convergence import ConvergenceOptions, curve, markdown, summarize, time_to_reward
+
+
+def _metrics(step_s: list[float]) -> list[dict]:
+    return [{"step": i + 1, "step_s": s} for i, s in enumerate(step_s)]
+
+
+def test_curve_puts_each_evaluation_at_the_training_seconds_of_its_step():
+    metrics = _metrics([2.0, 3.0, 4.0, 5.0])
+    evals = [{"step": 0, "reward_mean": 0.1}, {"step": 2, "reward_mean": 0.3},
+             {"step": 4, "reward_mean": float("nan")}, {"step": 4, "reward_mean": 0.5}]
+    points = curve(metrics, evals)
+    assert [(p["step"], p["seconds"], p["reward"]) for p in points] == [(0, 0.0, 0.1), (2, 5.0, 0.3), (4, 14.0, 0.5)]
+    assert curve([{"step": 1, "skipped": "nan"}], [{"step": 1, "reward_mean": 0.2}]) == []  # no time for it
+
+
+def test_time_to_reward_is_the_first_evaluation_at_or_above_the_target():
+    points = [{"seconds": 0.0, "reward": 0.1}, {"seconds": 5.0, "reward": 0.4},
+              {"seconds": 9.0, "reward": 0.3}, {"seconds": 14.0, "reward": 0.6}]
+    assert time_to_reward(points, 0.4) == 5.0
+    assert time_to_reward(points, 0.5) == 14.0
+    assert time_to_reward(points, 0.05) == 0.0
+    assert time_to_reward(points, 0.7) is None
+
+
+def test_summary_targets_sequentials_final_reward_and_gives_speedups():
+    curves = {"sequential": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 3, "seconds": 30.0, "reward": 0.5},
+                             {"step": 6, "seconds": 60.0, "reward": 0.4}],
+              "oppo": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 3, "seconds": 20.0, "reward": 0.45},
+                       {"step": 6, "seconds": 40.0, "reward": 0.6}],
+              "inter": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 6, "seconds": 50.0, "reward": 0.1}]}
+    s = summarize(curves, {"oppo": 2})
+    assert s["target"] == 0.4 and s["base"] == "sequential"
+    seq, oppo, inter = (s["modes"][m] for m in ("sequential", "oppo", "inter"))
+    assert seq["time_to_target_s"] == 30.0 and seq["speedup_vs_base"] == pytest.approx(1.0)
+    assert oppo["time_to_target_s"] == 20.0 and oppo["speedup_vs_base"] == pytest.approx(1.5)
+    assert oppo["final_reward"] == 0.6 and oppo["train_seconds"] == 40.0 and oppo["steps"] == 6
+    assert oppo["contended_steps"] == 2 and seq["contended_steps"] == 0
+    assert inter["time_to_target_s"] is None and inter["speedup_vs_base"] is None
+    assert math.isnan(summarize({"oppo": curves["oppo"]})["target"])  # no sequential run: no target
+
+
+def test_markdown_names_the_target_and_says_not_reached():
+    curves = {"sequential": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 30, "seconds": 300.0, "reward": 0.5}],
+              "oppo": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 30, "seconds": 200.0, "reward": 0.2}]}
+    text = markdown(summarize(curves), "convergence.png")
+    assert "final held-out reward, +0.500" in text
+    assert "| sequential | 30 | +0.500 | 300.0 | 300.0 | 1.00x | 0 |" in text
+    assert "| oppo | 30 | +0.200 | 200.0 | not reached | – | 0 |" in text
+    assert "![convergence](convergence.png)" in text
+
+
+def test_defaults_run_at_least_30_steps_of_sequential_and_oppo():
+    opts = ConvergenceOptions()
+    assert opts.steps >= 30 and opts.modes == ("sequential", "oppo") and 1 <= opts.eval_every < opts.steps

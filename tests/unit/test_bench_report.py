@@ -1,0 +1,84 @@
+"""Bench report with the contention guard: contended steps left out of the medians and
+counted, kept with a warning when a mode has nothing else; the workloads' overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocate.bench.report import contention_line, markdown, summarize, uncontended
+from colocate.bench.suite import peer_key, peer_shape
+from colocate.bench.workloads import PRESETS, workload_overrides
+
+
+def _rec(mode: str, rep: int, samples_per_s: float, others: float | None = None, limit: float = 0.25) -> dict:
+    rec = {"mode": mode, "repeat": rep, "trained_samples_per_s": samples_per_s, "response_tokens_per_s": 10.0,
+           "response_len": 8.0, "step_s": 8 / samples_per_s, "reward_mean": 0.0, "trained_samples": 8}
+    if others is not None:
+        rec |= {"others_cores": others, "others_cpu_s": others * rec["step_s"], "contended": others > limit}
+    return rec
+
+
+def test_contended_steps_are_left_out_of_medians_and_ratios():
+    records = [_rec("sequential", 0, 1.0, 0.0), _rec("sequential", 0, 0.2, 1.5),  # a neighbour halved a step
+               _rec("oppo", 0, 2.0, 0.1), _rec("oppo", 0, 2.2, 0.05)]
+    s = summarize(records, {}, ["sequential", "oppo"])
+    assert s["sequential"]["trained_samples_per_s"]["n"] == 1 and s["sequential"]["trained_samples_per_s"]["median"] == 1.0
+    assert s["oppo"]["vs_sequential"]["median"] == pytest.approx(2.1)
+    c = s["sequential"]["contention"]
+    assert (c["steps"], c["contended"], c["excluded"]) == (2, 1, 1) and c["others_cores"]["max"] == 1.5
+    assert s["oppo"]["contention"]["excluded"] == 0
+
+
+def test_a_mode_whose_every_step_was_contended_keeps_them_with_a_warning():
+    records = [_rec("sequential", 0, 1.0, 0.9), _rec("oppo", 0, 2.0, 0.0)]
+    kept, info = uncontended(records, ["sequential", "oppo"])
+    assert len(kept) == 2 and info["sequential"] == {**info["sequential"], "contended": 1, "excluded": 0}
+    s = summarize(records, {}, ["sequential", "oppo"])
+    assert s["oppo"]["vs_sequential"]["n"] == 1  # a ratio is still there, flagged
+    line = contention_line(s, 0.25)
+    assert "0 of 2 steps left out" in line and "(others > 0.25 cores)" in line
+    assert "WARNING: every step of sequential was contended" in line
+    assert "WARNING" in markdown("short", s, None, {}, 0.25)
+
+
+def test_records_without_measurements_report_no_guard_line():
+    s = summarize([_rec("sequential", 0, 1.0), _rec("oppo", 0, 2.0)], {}, ["sequential", "oppo"])
+    assert s["oppo"]["vs_sequential"]["median"] == 2.0
+    assert contention_line(s) == "" and "contention guard" not in markdown("short", s, None, {})
+
+
+def test_guard_line_counts_excluded_steps_per_mode():
+    records = [_rec("sequential", 0, 1.0, 0.0), _rec("sequential", 1, 1.0, 0.3), _rec("oppo", 0, 2.0, 0.5),
+               _rec("oppo", 1, 2.0, 0.1), _rec("oppo", 1, 2.0, 0.2)]
+    line = contention_line(summarize(records, {}, ["sequential", "oppo"]), 0.25)
+    assert line.startswith("contention guard: other processes used sequential 0.15 [max 0.30] cores, 1/2 contended; "
+                           "oppo 0.20 [max 0.50] cores, 1/3 contended; 2 of 5 steps left out")
+
+
+def test_peer_line_flags_a_contended_trl_run():
+    s = summarize([_rec("oppo", 0, 2.0, 0.0)], {}, ["oppo"])
+    s["oppo"]["response_len"] = {"median": 8.0, "min": 8.0, "max": 8.0, "n": 1}
+    peer = {"median": 2.0, "min": 2.0, "max": 2.0, "n": 1, "trl_samples_per_s": 1.0, "trl_response_len": 8.0,
+            "trl_version": "1.12.0", "contention": {"others_cores": 0.8, "contended": True}}
+    assert "others used 0.80 cores during the TRL run (CONTENDED" in markdown("short", s, peer, {})
+
+
+def test_reasoning_workload_stops_at_eos_on_reasoning_gym_prompts_with_a_long_cap():
+    for name, preset in PRESETS.items():
+        assert "reasoning" in preset.workloads
+        o = workload_overrides(preset, "reasoning")
+        assert "rollout.ignore_eos=false" in o and f"data.source=reasoning-gym:{preset.reasoning_task}" in o
+        assert f"rollout.max_new_tokens={preset.reasoning_tokens}" in o
+        assert peer_shape(preset, "reasoning") == (preset.reasoning_tokens, True)  # TRL: same cap, EOS
+    assert PRESETS["full"].reasoning_tokens >= 256 and PRESETS["quick"].reasoning_tokens < 256
+    assert peer_shape(PRESETS["full"], "short") == (32, False) and peer_shape(PRESETS["full"], "task") == (128, True)
+    assert peer_key(256, True, "reasoning-gym:gsm_symbolic") == "256-eos-gsm_symbolic"
+    assert peer_key(128, False, "sentiment-prompts") == "128"
+
+
+def test_preset_overrides_come_last_so_trainer_switches_apply_to_every_workload():
+    import dataclasses
+
+    preset = dataclasses.replace(PRESETS["quick"], overrides=("ppo.epochs=1",))
+    for workload in preset.workloads:
+        assert workload_overrides(preset, workload)[-1] == "ppo.epochs=1"
