@@ -22,7 +22,7 @@ TRAIN_PHASES = ("ref", "old_logp", "values", "advantages", "critic", "actor")  #
 @dataclasses.dataclass
 class PlainLoop:
     """The trainer's passes in plain PyTorch: transformers models without FSDP, the same packed
-    micro-batches (`first_fit_decreasing` + `pack`), forward + backward + clip + AdamW, and
+    micro-batches (`first_fit_decreasing` + `pack`) and attention (`VARLEN_SDPA`), forward + backward + clip + AdamW, and
     no PPO bookkeeping (a stand-in loss: the mean log-prob or value)."""
 
     actor: torch.nn.Module
@@ -37,9 +37,11 @@ class PlainLoop:
         from transformers import AutoModelForCausalLM
 
         from colocate.trainer.critic import ValueModel
+        from colocate.trainer.varlen_attention import register_varlen_sdpa
 
-        actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        critic = ValueModel.from_pretrained(path).eval()
+        attn = register_varlen_sdpa()  # the packed trainer's attention on CPU
+        actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
+        critic = ValueModel.from_pretrained(path, attn_implementation=attn).eval()
         optims = (torch.optim.AdamW(actor.parameters(), lr=1e-6), torch.optim.AdamW(critic.parameters(), lr=1e-6))
         return cls(actor, critic, optims, budget, cfg.ppo.epochs, cfg.ppo.minibatches)
 
@@ -54,11 +56,11 @@ class PlainLoop:
 
         def logp(p) -> torch.Tensor:
             logits = self.actor(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
-                                logits_to_keep=p.keep).logits[0]  # [n, V]
+                                logits_to_keep=p.keep, **p.attention_kwargs()).logits[0]  # [n, V]
             return torch.log_softmax(logits.float(), -1).gather(-1, p.targets[:, None])  # [n, 1]
 
         def value(p) -> torch.Tensor:
-            return self.critic(p.input_ids, None, position_ids=p.position_ids)[0, p.keep]  # [n]
+            return self.critic(p.input_ids, None, position_ids=p.position_ids, **p.attention_kwargs())[0, p.keep]  # [n]
 
         def train(fn, model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
             g = torch.Generator().manual_seed(0)

@@ -39,15 +39,16 @@ class ValueModel(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, **attention_kwargs,
     ) -> torch.Tensor:
         """input_ids, attention_mask, position_ids: [B, L] -> values [B, L] (float32).
 
         Packed rows (`trainer/packed.py`): no attention mask, position ids restarting at
-        each sequence. No KV cache: with one, transformers would not detect packed rows.
+        each sequence, the sequence boundaries in `attention_kwargs` (`cu_seq_lens_q`, ...)
+        for varlen attention. No KV cache: with one, transformers would not detect packed rows.
         """
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state  # [B, L, H]
+                            use_cache=False, **attention_kwargs).last_hidden_state  # [B, L, H]
         values = self.value_head(hidden).squeeze(-1)  # [B, L]
         return values.to(torch.float32, copy=True)  # a copy, not a view: FSDP2 hooks the output
 

@@ -74,7 +74,8 @@ def packed_policy_forward(
     The LM head runs only at the positions that predict response tokens.
     """
     packed = pack(batch)
-    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                  **packed.attention_kwargs())
     if _takes_logits_to_keep(model):
         logits = model(**inputs, logits_to_keep=packed.keep).logits[0]  # [n, V]
     else:
@@ -93,7 +94,7 @@ def packed_policy_forward(
 def packed_value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:
     """`value_forward` over one packed row: values [b, T] (0 on padding)."""
     packed = pack(batch)
-    values = critic(packed.input_ids, None, position_ids=packed.position_ids)  # [1, N]
+    values = critic(packed.input_ids, None, position_ids=packed.position_ids, **packed.attention_kwargs())  # [1, N]
     return unpack(values[0, packed.keep], packed)  # [b, T]
 
 

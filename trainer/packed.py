@@ -7,11 +7,11 @@ token; `unpack`, which scatters per-token results back into the [b, T] layout th
 uses; `idle_batch`, a one-token row without response tokens for the idle micro-batches of
 `trainer/packing.py`.
 
-Leaves out: models. Sequence boundaries reach attention through the position ids alone:
-transformers (5.x, `masking_utils.find_packed_sequence_indices`) detects packed sequences
-from position ids that restart, when no attention mask and no KV cache are passed, and
-keeps attention inside each sequence (a block-diagonal causal mask for sdpa/eager/flex;
-flash-attention's varlen kernels on CUDA). Rotary embeddings see the same positions as
+Leaves out: models. Sequence boundaries reach attention in two ways: as `cu_seq_lens`
+(`PackedRows.attention_kwargs`, taken by flash-attention 2 and `trainer/varlen_attention.py`,
+which attend within each sequence only), and through position ids that restart, from
+which transformers (5.x, `masking_utils.find_packed_sequence_indices`, with no attention
+mask and no KV cache) builds a block-diagonal causal mask for sdpa/eager/flex. Rotary embeddings see the same positions as
 in the right-padded row, so every result equals the padded path's up to float rounding.
 """
 
@@ -31,11 +31,19 @@ class PackedRows:
     keep: torch.Tensor  # [n'] long, packed position predicting each response token (row-major); n' = max(n, 1)
     targets: torch.Tensor  # [n'] long, the response token each kept position predicts
     response_mask: torch.Tensor  # [b, T] bool, where the n results go back
+    cu_seq_lens: torch.Tensor  # [b + 1] int32: 0, then where each row ends in the packed row
 
     @property
     def tokens(self) -> int:
         """N, the tokens of the packed row."""
         return int(self.input_ids.shape[1])
+
+    def attention_kwargs(self) -> dict[str, torch.Tensor | int]:
+        """The sequence boundaries as the keywords of transformers' varlen attention
+        (flash-attention 2, `trainer/varlen_attention.py`), for a model's forward."""
+        longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
+        return dict(cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens,
+                    max_length_q=longest, max_length_k=longest)
 
 
 def pack(batch: TrainBatch) -> PackedRows:
@@ -59,6 +67,7 @@ def pack(batch: TrainBatch) -> PackedRows:
         keep=keep,
         targets=targets,
         response_mask=mask,
+        cu_seq_lens=torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32),
     )
 
 

@@ -48,6 +48,7 @@ from .optim import build_adamw, full_training_state, load_training_state, move_o
 from .packing import Plan, packed_micro_batches, row_micro_batches
 from .rollout_logp import drift_terms, on_policy_mask, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
+from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
 from .update import LossFn, Update, optimise
 
 __all__ = ["PPOTrainer", "TrainerSettings"]
@@ -63,6 +64,8 @@ class PPOTrainer:
         self.dist = dist if dist is not None else init_distributed(settings.device)
         torch.manual_seed(settings.seed)  # same on every rank
         compute = settings.torch_dtype
+        if settings.attn_implementation == VARLEN_SDPA:
+            register_varlen_sdpa()
 
         def load_actor() -> nn.Module:
             model = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32,

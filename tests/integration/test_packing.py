@@ -15,6 +15,7 @@ from colocate.trainer.critic import ValueModel
 from colocate.trainer.distributed import broadcast_object, free_port, init_distributed
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.trainer.varlen_attention import VARLEN_SDPA, register_varlen_sdpa
 
 TOL = dict(rtol=0, atol=1e-5)
 
@@ -77,12 +78,20 @@ def model_path(request):
     return request.getfixturevalue("tiny_actor_path" if request.param == "llama" else "tiny_qwen_path")
 
 
+@pytest.fixture(params=["sdpa", "varlen"])
+def attn(request) -> str:
+    """transformers' sdpa (packed: its block-diagonal mask) or the per-sequence varlen sdpa
+    (with padded rows it falls back to transformers' sdpa and mask)."""
+    return register_varlen_sdpa() if request.param == "varlen" else "sdpa"
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_forwards_equal_padded(model_path, temperature):
+def test_packed_forwards_equal_padded(model_path, temperature, attn):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    critic = ValueModel.from_pretrained(model_path).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn).eval()
+    critic = ValueModel.from_pretrained(model_path, attn_implementation=attn).eval()
+    assert model.config._attn_implementation == attn
     for seed in range(3):
         batch = ragged_batch(seed)
         with torch.no_grad():
@@ -97,11 +106,11 @@ def test_packed_forwards_equal_padded(model_path, temperature):
         assert torch.all(packed[0][~batch.response_mask] == 0) and torch.all(values[1][~batch.response_mask] == 0)
 
 
-def test_packed_forward_does_not_attend_across_rows(tiny_actor_path):
+def test_packed_forward_does_not_attend_across_rows(tiny_actor_path, attn):
     """Row 1's log-probs packed after row 0 equal row 1 packed alone."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32, attn_implementation=attn).eval()
     batch = ragged_batch(7, rows=3)
     with torch.no_grad():
         together = packed_policy_forward(model, batch)[0]
