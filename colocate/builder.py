@@ -77,7 +77,7 @@ def _engines(cfg: Config, actor_cfg, reward_cfg):
 
 
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
-    """The PPO trainer (actor, reference, critic on FSDP2) with the settings of `cfg`
+    """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the settings of `cfg`
     (``settings``: `TrainerSettings` fields the config does not hold, e.g. ``micro_batch``)."""
     from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
@@ -89,6 +89,7 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
         value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,
         whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
         packing=p.packing, micro_batch_tokens=p.micro_batch_tokens, old_logp=p.old_logp,
+        advantage=p.advantage, norm_adv_by_std=p.norm_adv_by_std, kl_in=p.kl_in,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
         temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code,

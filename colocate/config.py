@@ -40,7 +40,8 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    batch_size: int = 8  # B: samples trained on per step
+    batch_size: int = 8  # B: samples trained on per step (B / group_size groups)
+    group_size: int = 1  # n: samples per prompt (GRPO's group; trained together, deferred together)
     max_new_tokens: int = 32
     # per-request token budgets: fixed (all max_new_tokens) or a long tail capped at it
     length_dist: Literal["fixed", "lognormal", "pareto"] = "fixed"
@@ -84,6 +85,11 @@ class PPOConfig:
     packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
     micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 1024 with sdpa, 8192 with flash-attention)
     old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
+    # advantage estimator: gae (with a critic) or critic-free over rollout.group_size samples
+    # per prompt: grpo, rloo, reinforce_baseline (no critic is built, trained or saved)
+    advantage: Literal["gae", "grpo", "rloo", "reinforce_baseline"] = "gae"
+    norm_adv_by_std: bool = True  # grpo: divide by the group's std (false: Dr. GRPO; verl's norm_adv_by_std_in_grpo)
+    kl_in: Literal["reward", "loss"] = "reward"  # KL to the reference: per-token reward penalty | k3 loss term
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +305,13 @@ def validate(cfg: Config) -> None:
         (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
         (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
         (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
+        (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.rollout.batch_size % cfg.rollout.group_size == 0,
+         f"rollout.batch_size {cfg.rollout.batch_size} must be a multiple of rollout.group_size "
+         f"{cfg.rollout.group_size} (it counts trained samples: batch_size / group_size groups)"),
+        (cfg.ppo.advantage not in ("grpo", "rloo") or cfg.rollout.group_size > 1,
+         f"ppo.advantage={cfg.ppo.advantage} needs rollout.group_size >= 2 (its baseline is the other "
+         "samples of the same prompt)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -39,18 +39,19 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
     """Greedy responses of the current actor engine weights to the held-out prompts, scored
     like training (reward model and/or functions, ``reward.scale``) -> the eval record.
     Non-finite scores are counted (``non_finite``) and left out of the mean."""
-    from colocate.rollout_phase import run_sequential, sampling_params
+    from colocate.rollout_phase import prompt_samples, run_sequential, sampling_params
 
     s = session
     r = s.cfg.rollout
     started = time.perf_counter()
-    out = run_sequential(
-        s.actor, s.eval_prompts, r.max_new_tokens, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
+    samples = prompt_samples(s.eval_prompts, r.max_new_tokens)
+    run_sequential(
+        s.actor, samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
         s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
         decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev")
-    raw = out.scores
+    raw = [x.score for x in samples]
     if s.overlap is not None and s.overlap.hosts_reward_model:  # overlap.feeder=process
-        pairs = [(p.ids, x.output_ids) for p, x in zip(s.eval_prompts, out.samples)]
+        pairs = [(x.prompt_ids, x.output_ids) for x in samples]
         raw = [a + b for a, b in zip(raw, s.overlap.score_whole(pairs, s.state.step))]
     scores = [v * s.cfg.reward.scale for v in raw]
     finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
@@ -61,7 +62,7 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
         "non_finite": len(scores) - len(finite),
         "reward_mean": statistics.fmean(finite) if finite else float("nan"),
         "reward_std": statistics.pstdev(finite) if finite else float("nan"),
-        "response_len": statistics.fmean(len(x.output_ids) for x in out.samples),
+        "response_len": statistics.fmean(len(x.output_ids) for x in samples),
         "seconds": time.perf_counter() - started,
         "scores": scores,  # per held-out prompt, in a fixed order: compare evaluations prompt by prompt
     }

@@ -8,7 +8,6 @@ ranks; every rank trains its FSDP shard.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -18,56 +17,29 @@ from colocate import metrics as mlog
 from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
-from colocate.rollout_phase import run_sequential, sampling_params
+from colocate.rollout_phase import StepRollout, rollout_stats, run_sequential, sampling_params
 from colocate.session import Session
 
 StepCallback = Callable[[dict[str, Any]], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutData:
-    """What every rank needs of a rollout (plain lists: cheap to broadcast)."""
-
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    logprobs: list[list[float]]
-    versions: list[list[int]]
-    scores: list[float]
-    seconds: dict[str, float]
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-def rollout(s: Session) -> RolloutData | None:
+def rollout(s: Session) -> StepRollout | None:
     """Generate and score a batch on rank 0 (``None`` on other ranks)."""
     if s.overlap is not None:
-        return overlapped_rollout(s)
-    prompts = s.next_prompts(s.cfg.rollout.batch_size)
+        return s.overlap.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
+    samples = [s.new_sample(i) for i in range(s.cfg.rollout.batch_size)]
     if not s.is_main:
         return None
-    r = s.cfg.rollout
-    out = run_sequential(
-        s.actor, prompts, r.max_new_tokens, _sampling(s), s.state.step,
+    seconds = run_sequential(
+        s.actor, samples, _sampling(s), s.state.step,
         reward_engine=s.reward_engine, reward_fns=s.reward_fns,
         decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
-    scale = s.cfg.reward.scale
-    return RolloutData([list(p.ids) for p in prompts], [x.output_ids for x in out.samples],
-                       [x.logprobs for x in out.samples], [x.versions for x in out.samples],
-                       [v * scale for v in out.scores], out.seconds)
+    return StepRollout(samples, seconds, rollout_stats(samples))
 
 
 def _sampling(s: Session) -> dict[str, Any]:
     r = s.cfg.rollout
     return sampling_params(r.temperature, r.top_p, s.stop_ids, r.ignore_eos)
-
-
-def overlapped_rollout(s: Session) -> RolloutData:
-    """intra / inter / oppo: B(+Δ) launched, scored as they go, first B trained."""
-    out = s.overlap.rollout(lambda: s.next_prompts(1)[0], s.state.step, s.state.weight_version, _sampling(s))
-    scale = s.cfg.reward.scale
-    t = out.train
-    return RolloutData([x.prompt_ids for x in t], [x.output_ids for x in t], [x.logprobs for x in t],
-                       [x.versions for x in t], [v * scale for v in out.scores],
-                       out.seconds, out.stats)
 
 
 def step(s: Session) -> dict[str, Any]:
@@ -79,39 +51,49 @@ def step(s: Session) -> dict[str, Any]:
     s.begin_step()
     data = broadcast_object(rollout(s), s.dist)
     timer.seconds.update(data.seconds)
-    check_weight_versions(data.versions, s.state.weight_version, carries_partials=s.cfg.overlap.deferral)
+    samples = data.samples
+    scores = [x.score * s.cfg.reward.scale for x in samples]
+    check_weight_versions([x.versions for x in samples], s.state.weight_version,
+                          carries_partials=s.cfg.overlap.deferral)
     s.set_phase("train")
-    if not all(math.isfinite(v) for v in data.scores):
-        return _skipped(s, data, t_step, "non-finite reward from the reward model/functions")
+    if not all(math.isfinite(v) for v in scores):
+        return _skipped(s, t_step, "non-finite reward from the reward model/functions")
     pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0
-    batch = make_batch(data.prompts, data.responses, pad, data.scores, data.logprobs, data.versions)
+    batch = make_batch([x.prompt_ids for x in samples], [x.output_ids for x in samples], pad, scores,
+                       [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples])
+    critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     with timer("sleep_wake"):
         s.timesharing.sleep_engines()
     with timer("ref"):
         ref_logp = s.trainer.ref_logprobs(batch)
     with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
         old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version)
-    with timer("values"):
-        values = s.trainer.values(batch)
+    values = None
+    if critic:
+        with timer("values"):
+            values = s.trainer.values(batch)
     with timer("advantages"):
         adv, returns, _, kl = s.trainer.advantages(batch, old_logp, ref_logp, values, s.kl_ctl.value)
-    with timer("critic"):
-        critic_stats = s.trainer.train_critic(batch, values, returns)
+    critic_stats = {}
+    if critic:
+        with timer("critic"):
+            critic_stats = s.trainer.train_critic(batch, values, returns)
     with timer("actor"):
-        actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version)
+        actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
+                                            ref_logp=ref_logp, kl_coef=s.kl_ctl.value)
     mask = batch.response_mask.float()
     mean_kl = float((kl * mask).sum(-1).mean())
-    s.kl_ctl.update(mean_kl, len(data.scores))
+    s.kl_ctl.update(mean_kl, len(scores))
     if s.overlap is not None:
-        s.overlap.observe_reward(statistics.fmean(data.scores))
+        s.overlap.observe_reward(statistics.fmean(scores))
     s.state.step += 1
     s.set_phase("sync")
     timer.seconds["sync"] = s.timesharing.wake_and_sync(s.trainer.actor_state_for_sync, s.push_weights)
     s.set_phase("idle")
-    return _record(s, data, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+    return _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
 
 
-def _skipped(s: Session, data: RolloutData, t_step: float, reason: str) -> dict[str, Any]:
+def _skipped(s: Session, t_step: float, reason: str) -> dict[str, Any]:
     """A step whose update is skipped: nothing trained, the weights stay as they were."""
     s.log(f"step {s.state.step + 1}: update skipped: {reason}")
     s.state.step += 1
@@ -120,25 +102,26 @@ def _skipped(s: Session, data: RolloutData, t_step: float, reason: str) -> dict[
             "step_s": time.perf_counter() - t_step, "weight_version": s.state.weight_version}
 
 
-def _record(s, data, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
-    n_tokens = sum(len(r) for r in data.responses)
+def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
+    samples = data.samples
+    n_tokens = sum(len(x.output_ids) for x in samples)
     rec = {
         "step": s.state.step,
-        "reward_mean": statistics.fmean(data.scores),
-        "reward_std": statistics.pstdev(data.scores),
-        "trained_samples": len(data.scores),
-        "response_len": n_tokens / len(data.responses),
-        "prompt_len": sum(len(p) for p in data.prompts) / len(data.prompts),
+        "reward_mean": statistics.fmean(scores),
+        "reward_std": statistics.pstdev(scores),
+        "trained_samples": len(scores),
+        "response_len": n_tokens / len(samples),
+        "prompt_len": sum(len(x.prompt_ids) for x in samples) / len(samples),
         "kl": mean_kl,
         "kl_coef": s.kl_ctl.value,
         "weight_version": s.state.weight_version,
         "step_s": step_s,
         "response_tokens_per_s": n_tokens / step_s,
-        "trained_samples_per_s": len(data.scores) / step_s,
+        "trained_samples_per_s": len(scores) / step_s,
         "mem/rss_mb": mlog.rss_mb(),
         "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
         **{f"time/{k}": v for k, v in timer.seconds.items()},
-        **{f"overlap/{k}": v for k, v in data.stats.items()},
+        **data.stats,  # rollout/* in every mode, overlap/* in the overlapped ones
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},
     }

@@ -1,11 +1,12 @@
 """The rollout phase of the overlapped modes (intra, inter, oppo) and its lifetime.
 
-Owns: :class:`Overlap`, which holds the length-aware scheduler, the chunk-size tuner, the
-scores of samples that finished after the cut (trained first next step), and the reward
-feeder — an asyncio task beside the engines, or its own process with its own reward
+Owns: :class:`Overlap`, which holds the length-aware scheduler (its deferred samples carry
+their prompt records, groups and, once finished, scores), the chunk-size tuner, and the
+reward feeder — an asyncio task beside the engines, or its own process with its own reward
 engine (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
-:meth:`Overlap.rollout` plans B(+Δ) samples, runs them with streamed and/or one-shot
-scoring, cuts after the first B, and hands back what to train on, with the step's stats
+:meth:`Overlap.rollout` plans B(+Δ) samples (B/n + Δ groups of n), runs them with
+streamed and/or one-shot scoring, cuts after the first B/n complete groups, and hands
+back what to train on, with the step's stats
 (incl. the ZeroMQ frames either end of the feeder channel refused or lost during the step;
 the feeder's counts come with its heartbeats, so they lag it by at most 0.5 s).
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colocate.config import Config
-from colocate.rollout_phase import Prompt, RewardFn, call_reward_fn
+from colocate.rollout_phase import RewardFn, StepRollout, call_reward_fn, rollout_stats
 from colocate.engine import oppo, streamed
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
@@ -38,21 +39,14 @@ from colocate.engine.streamed import FeederLostError, ScoreClient
 EVAL_STEP_BASE = 1 << 40  # feeder step ids of held-out evaluations (training steps stay below)
 
 
-@dataclasses.dataclass
-class OverlapRollout:
-    train: list[Sample]
-    scores: list[float]
-    seconds: dict[str, float]
-    stats: dict[str, float]
-
-
 def _scheduler_config(cfg: Config) -> SchedulerConfig:
     o = cfg.overlap
     delta = o.delta_init if o.deferral else 0
     return SchedulerConfig(batch_size=cfg.rollout.batch_size, delta_init=delta,
                            delta_min=o.delta_min if o.deferral else 0,
                            delta_max=o.delta_max if o.deferral else 0, window=o.window,
-                           adaptive=o.delta_adaptive and o.deferral, max_staleness_versions=o.drop_staleness)
+                           adaptive=o.delta_adaptive and o.deferral, max_staleness_versions=o.drop_staleness,
+                           group_size=cfg.rollout.group_size)
 
 
 class Overlap:
@@ -62,13 +56,11 @@ class Overlap:
                  reward_fns: Sequence[RewardFn] = (), decode=None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         self.reward_fns, self.decode = list(reward_fns), decode
-        self.records: dict[int, dict[str, Any]] = {}  # prompt record of every live sample (rule rewards)
         o = cfg.overlap
         self.scheduler = LengthAwareScheduler(_scheduler_config(cfg))
         fixed = o.chunk_size or o.candidates[0]
         self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
                                                      adaptive=o.chunk_size == 0, fixed=fixed))
-        self.ready_scores: dict[int, float] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
         self.client: ScoreClient | None = None
         self._channel_seen: dict[str, int] = {}  # channel counts reported so far
@@ -135,23 +127,12 @@ class Overlap:
         self._tmp.cleanup()
 
     # ---- one step ----------------------------------------------------------------------
-    def rollout(self, next_prompt, step: int, version: int, sampling: dict[str, Any]) -> OverlapRollout:
-        """Plan, generate, score, cut; returns the B samples to train on, in order."""
-        B = self.cfg.rollout.batch_size
-        prompts: dict[int, Prompt] = {}
-
-        def make_sample(index: int) -> Sample:
-            p = next_prompt()
-            prompts[index] = p
-            self.records[index] = dict(p.record)
-            return Sample(index, list(p.ids), p.budget or self.cfg.rollout.max_new_tokens)
-
-        plan = self.scheduler.plan(make_sample, version)
-        for s in plan.dropped:
-            self.ready_scores.pop(s.index, None)
-            self.records.pop(s.index, None)
+    def rollout(self, new_sample, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
+        """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
+        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``)."""
+        plan = self.scheduler.plan(new_sample, version)
         chunk = self.tuner.chunk_for_step(step)
-        need = max(0, B - len(plan.ready))
+        need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
         self.check_feeder()
@@ -163,18 +144,13 @@ class Overlap:
             extra_score=self._rule_score if self.reward_fns else None,
             score_timeout_s=self.cfg.overlap.feeder_timeout_s))
         self.tuner.record(step, chunk, time.perf_counter() - started)
-        self.ready_scores.update(res.scores)
-        ended = res.completed + res.unfinished
-        train, _ = self.scheduler.select(ended)
-        scores = [self.ready_scores.pop(s.index) for s in train]
-        for s in train:
-            self.records.pop(s.index, None)
+        train, _ = self.scheduler.select(res.completed + res.unfinished)
         stats = {"deferred": len(self.scheduler.deferred), "delta": self.scheduler.delta,
                  "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
-                 "resumed": plan.resumed, "launched": len(plan.launch),
+                 "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
                  **self._channel_stats()}
-        return OverlapRollout(train, scores, res.seconds, stats)
+        return StepRollout(train, res.seconds, {**rollout_stats(train), **{f"overlap/{k}": v for k, v in stats.items()}})
 
     def _channel_stats(self) -> dict[str, int]:
         """Frames refused (malformed) or lost (dropped connections, discarded chunks) on the
@@ -197,19 +173,21 @@ class Overlap:
     async def _rule_score(self, sample: Sample) -> float:
         """Sum of the Python reward functions on a finished sample's text."""
         text = self.decode(sample.output_ids)
-        record = self.records.get(sample.index, {})
-        return sum([await call_reward_fn(fn, record, text) for fn in self.reward_fns])
+        return sum([await call_reward_fn(fn, sample.record, text) for fn in self.reward_fns])
 
     def observe_reward(self, mean_reward: float) -> None:
         self.scheduler.observe_reward(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(),
-                "ready_scores": {str(k): v for k, v in self.ready_scores.items()},
-                "records": {str(k): v for k, v in self.records.items()}}
+        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        """Also reads checkpoints written before samples carried their score and prompt
+        record (both then lived in per-index maps beside the scheduler)."""
+        scheduler = state["scheduler"]
+        scores, records = state.get("ready_scores", {}), state.get("records", {})
+        for d in scheduler["deferred"]:
+            d.setdefault("score", scores.get(str(d["index"])))
+            d.setdefault("record", records.get(str(d["index"]), {}))
+        self.scheduler.load_state_dict(scheduler)
         self.tuner.load_state_dict(state["tuner"])
-        self.ready_scores = {int(k): float(v) for k, v in state["ready_scores"].items()}
-        self.records = {int(k): dict(v) for k, v in state.get("records", {}).items()}

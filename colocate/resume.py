@@ -31,6 +31,8 @@ FIXED = (
     "models.reward",  # the rewards the critic has learnt to predict
     "data.source", "data.seed", "data.eval_prompts",  # the data position counts into this shuffled training split
     "ppo.kl_kind",  # the saved KL controller state is of one kind
+    "ppo.advantage",  # a critic is trained (gae) or none is saved (critic-free)
+    "rollout.group_size",  # the data position counts groups; deferred groups have this size
 )
 _PATHS = ("models.actor", "models.reward", "models.critic", "run.out_dir")  # equal when they name one folder
 _FIX = "keep the run's value or start a new run (another run.out_dir)"
@@ -140,7 +142,7 @@ def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, S
     tensor shapes by part) and its deferred buffer the configured mode; else one line."""
     recorded = checkpoint.manifest(where)["meta"].get("models", {})  # {} in older checkpoints
     configured = dataclasses.asdict(cfg.models)
-    for part in ("actor", "critic"):
+    for part in live:
         saved = shapes(parts["trainer"].get(part, {}).get("model", {}))
         diff = _first_difference(saved, live[part]) if saved else None
         if diff is None:

@@ -1,8 +1,10 @@
 """The generate and score phases of one PPO step (rank 0, where the engines live).
 
-Owns: turning prompts into :class:`engine.rollout.Sample` requests, running them on the
-actor engine, and scoring the results with the reward engine and/or Python reward
-functions (sync or async). Sequential mode: scoring starts after generation ends.
+Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
+:func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
+in every mode: the trained :class:`engine.rollout.Sample` s, scored), running samples on
+the actor engine and scoring them with the reward engine and/or Python reward functions
+(sync or async). Sequential mode: scoring starts after generation ends.
 
 Leaves out: the overlapped variants (streamed scoring, deferral) and training.
 """
@@ -23,12 +25,20 @@ from colocate.reward_fns import RewardFn  # noqa: F401  (re-exported: the reward
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-    """One tokenized prompt with its source record (kept for rule rewards) and, once
-    drawn for a step, its response token budget."""
+    """One tokenized prompt of the data set with its source record (kept for rule rewards)."""
 
     ids: tuple[int, ...]
     record: dict[str, Any]
-    budget: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRollout:
+    """A step's rollout, in every mode: the samples to train on (scored, groups whole and
+    contiguous), the phase seconds and the mode's stats."""
+
+    samples: list[Sample]
+    seconds: dict[str, float]
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def response_budget(rollout_cfg, seed: int, position: int) -> int:
@@ -49,13 +59,6 @@ def response_budget(rollout_cfg, seed: int, position: int) -> int:
     return int(min(cap, max(1, round(draw))))
 
 
-@dataclasses.dataclass
-class RolloutOutput:
-    samples: list[Sample]
-    scores: list[float]
-    seconds: dict[str, float]
-
-
 def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
                     ignore_eos: bool = False) -> dict[str, Any]:
     params = {"temperature": temperature, "top_p": top_p, "stop_token_ids": list(stop_ids)}
@@ -73,7 +76,6 @@ async def call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> flo
 
 async def score_samples(
     samples: Sequence[Sample],
-    prompts: Sequence[Prompt],
     *,
     reward_engine=None,
     reward_fns: Sequence[RewardFn] = (),
@@ -81,29 +83,42 @@ async def score_samples(
     tag: str,
     step: int | None = None,
 ) -> list[float]:
-    """Sum of the reward model's score (if any) and every reward function's value. A reward
-    request the engine refuses raises one `RewardRequestError` line naming (step, sample)."""
+    """Sum of the reward model's score (if any) and every reward function's value (on each
+    sample's decoded response and prompt record). A reward request the engine refuses
+    raises one `RewardRequestError` line naming (step, sample)."""
     totals = [0.0] * len(samples)
     if reward_engine is not None:
-        seqs = [list(p.ids) + s.output_ids for s, p in zip(samples, prompts)]
+        seqs = [s.prompt_ids + s.output_ids for s in samples]
         for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag, step=step)):
             totals[i] += v
     if reward_fns:
         texts = [decode(s.output_ids) for s in samples]
         for fn in reward_fns:
-            vals = await asyncio.gather(*(call_reward_fn(fn, p.record, t) for p, t in zip(prompts, texts)))
+            vals = await asyncio.gather(*(call_reward_fn(fn, s.record, t) for s, t in zip(samples, texts)))
             totals = [a + b for a, b in zip(totals, vals)]
     return totals
 
 
+def rollout_stats(samples: Sequence[Sample]) -> dict[str, float]:
+    """Metrics of the trained samples in every mode: groups, and prompt tokens the actor
+    engine served from its radix cache (a group's shared prompt: n - 1 of its members)."""
+    return {"rollout/groups": len({s.group_id for s in samples}),
+            "rollout/cached_prompt_tokens": sum(s.cached_tokens for s in samples)}
+
+
+def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sample]:
+    """One sample per prompt (index = position), each with the whole budget."""
+    return [Sample(i, list(p.ids), max_new_tokens, record=dict(p.record)) for i, p in enumerate(prompts)]
+
+
 def run_sequential(
-    actor, prompts: Sequence[Prompt], max_new_tokens: int, sampling: dict[str, Any], step: int,
+    actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
     *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None, tag_prefix: str = "st",
-) -> RolloutOutput:
-    """Generate all samples, then score them (request ids start with ``tag_prefix``)."""
+) -> dict[str, float]:
+    """Generate all samples (a group's shared prompt prefilled once), then score them
+    (``Sample.score``); request ids start with ``tag_prefix``. Returns the phase seconds."""
     import time
 
-    samples = [Sample(i, list(p.ids), p.budget or max_new_tokens) for i, p in enumerate(prompts)]
     tag = f"{tag_prefix}{step:07d}"
     from colocate.engine.runtime import run_guarded
 
@@ -112,7 +127,8 @@ def run_sequential(
     run_guarded(engines, rollout.generate(actor, samples, sampling, tag))
     t1 = time.perf_counter()
     scores = run_guarded(engines, score_samples(
-        samples, prompts, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm",
-        step=step))
+        samples, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm", step=step))
+    for sample, score in zip(samples, scores):
+        sample.score = score
     t2 = time.perf_counter()
-    return RolloutOutput(samples, scores, {"generate": t1 - t0, "reward_tail": t2 - t1})
+    return {"generate": t1 - t0, "reward_tail": t2 - t1}

@@ -114,17 +114,22 @@ class Session:
     def is_main(self) -> bool:
         return self.dist.rank == 0
 
-    def next_prompts(self, n: int) -> list[Prompt]:
-        """The next ``n`` prompts in a fixed, seeded cycle over the prompt set."""
+    def new_sample(self, index: int):  # noqa: ANN201 - engine.rollout.Sample
+        """Sample ``index``: member ``index % n`` of group ``index // n`` (n =
+        ``rollout.group_size``). The group's first member draws the next prompt of a fixed,
+        seeded cycle over the prompt set; the others share it. Each member gets its own
+        token budget (``response_budget`` at draw ``position * n + member``). Call in
+        ascending index order."""
+        from colocate.engine.rollout import Sample
         from colocate.rollout_phase import response_budget
 
-        picked = []
-        for i in range(n):
-            pos = self.state.data_pos + i
-            budget = response_budget(self.cfg.rollout, self.cfg.run.seed, pos)
-            picked.append(dataclasses.replace(self.prompts[pos % len(self.prompts)], budget=budget))
-        self.state.data_pos += n
-        return picked
+        n = self.cfg.rollout.group_size
+        if index % n == 0:
+            self.state.data_pos += 1
+        pos = self.state.data_pos - 1
+        prompt = self.prompts[pos % len(self.prompts)]
+        budget = response_budget(self.cfg.rollout, self.cfg.run.seed, pos * n + index % n)
+        return Sample(index, list(prompt.ids), budget, group=index // n if n > 1 else None, record=dict(prompt.record))
 
     def sync_weights(self) -> float:
         """Push the trainer's actor weights to the engine as a new version (gather + push)."""
@@ -161,7 +166,8 @@ class Session:
     def restore(self, path: Path) -> None:
         where = checkpoint.latest(path)
         step, parts = checkpoint.load(where)
-        live = {part: shapes(getattr(self.trainer, part).state_dict()) for part in ("actor", "critic")}
+        models = {"actor": self.trainer.actor, "critic": self.trainer.critic}  # no critic: critic-free
+        live = {part: shapes(model.state_dict()) for part, model in models.items() if model is not None}
         check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])
         self.state = RunState(**parts["run"])

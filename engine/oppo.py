@@ -3,8 +3,10 @@
 Owns: running the launched samples concurrently on the actor engine; scoring each one as
 it is generated (``streamed``: chunks to the feeder, intra-step overlap) or as soon as it
 finishes (one-shot on the reward engine); and, when ``cut_after`` is set (inter-step
-overlap), aborting the rest once that many samples are finished *and* scored — their
-partial tokens, logprobs and versions stay on the :class:`Sample` for the next step. A
+overlap), aborting the rest once that many groups are finished *and* scored (a group: the
+launched samples of one group id; one sample without groups) — their partial tokens,
+logprobs and versions stay on the :class:`Sample` for the next step. Scores land on
+``Sample.score``; a shared prompt is prefilled once before its group's members run. A
 sample whose scoring fails fails the step: the other requests are aborted and their tasks
 cancelled before the error is raised, so nothing is left running on the engines' loop.
 
@@ -28,9 +30,8 @@ ExtraScore = Callable[[Sample], Awaitable[float]]  # e.g. rule rewards on the de
 
 @dataclasses.dataclass
 class OverlapResult:
-    completed: list[Sample]  # finished and scored, in completion order
+    completed: list[Sample]  # finished and scored (``score`` set), in completion order
     unfinished: list[Sample]  # aborted (partial) or never started
-    scores: dict[int, float]  # by sample index
     seconds: dict[str, float]
 
 
@@ -75,23 +76,31 @@ async def run_step(
 ) -> OverlapResult:
     """Generate ``samples``; score each as it goes (streamed through ``client``, whose own
     deadline applies, else one-shot on ``reward_engine`` within ``score_timeout_s``, plus
-    ``extra_score``); abort the rest after ``cut_after``."""
+    ``extra_score``); abort the rest after ``cut_after`` groups have all their launched
+    members finished and scored."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
     completed: list[Sample] = []
-    scores: dict[int, float] = {}
     running = {s.index: s for s in samples}
+    pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
+    for s in samples:
+        pending[s.group_id] = pending.get(s.group_id, 0) + 1
+    groups_done: list[int] = []  # group ids in the order their last launched member was scored
 
     def on_done(sample: Sample, score: float) -> None:
         completed.append(sample)
-        scores[sample.index] = score
-        if cut_after is not None and len(completed) == cut_after and clock.cut is None:
+        sample.score = score
+        pending[sample.group_id] -= 1
+        if pending[sample.group_id] == 0:
+            groups_done.append(sample.group_id)
+        if cut_after is not None and len(groups_done) == cut_after and clock.cut is None:
             clock.cut = time.perf_counter()
             for other in running.values():
                 if other.index not in clock.last_token:
                     rollout.abort(actor, other, tag)
 
+    await rollout.prefill_shared_prompts(actor, samples, tag)  # before any member runs
     tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
                                         extra_score=extra_score, chunk=chunk, clock=clock, on_done=on_done,
                                         score_timeout_s=score_timeout_s))
@@ -102,8 +111,10 @@ async def run_step(
         await _stop(actor, samples, tasks, tag, client, step)
         raise
     end = time.perf_counter()
-    return OverlapResult(completed, [s for s in samples if s.index not in scores], scores,
-                         _timings(clock, completed[:cut_after] if cut_after else completed, end))
+    done = {s.index for s in completed}
+    first = set(groups_done if cut_after is None else groups_done[:cut_after])
+    return OverlapResult(completed, [s for s in samples if s.index not in done],
+                         _timings(clock, [s for s in completed if s.group_id in first], end))
 
 
 async def _stop(actor, samples: Sequence[Sample], tasks, tag: str, client: ScoreClient | None, step: int) -> None:

@@ -26,16 +26,27 @@ class PromptTooLongError(EngineError):
 
 @dataclasses.dataclass
 class Sample:
-    """One prompt and everything generated for it so far."""
+    """One response to a prompt, from the prompt to the trained batch: the prompt (ids and
+    source record), its group (the samples of one prompt), its budget, everything generated
+    so far (tokens, sampling logprobs, the weight version of every token) and its score.
+    Plain JSON-safe fields: checkpoints carry deferred samples as they are."""
 
-    index: int
+    index: int  # unique over a run, increasing in launch order
     prompt_ids: list[int]
-    max_new_tokens: int
+    max_new_tokens: int  # the response's token budget
     output_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)  # sampling logprobs
     versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
     finish_reason: str | None = None  # stop | length | abort | None (not started)
     attempts: int = 0
+    group: int | None = None  # samples of one prompt share it; None: a group of its own
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)  # the prompt's source record (rule rewards)
+    score: float | None = None  # reward (model + functions) once scored
+    cached_tokens: int = 0  # prompt tokens the engine served from its radix cache (first attempt)
+
+    @property
+    def group_id(self) -> int:
+        return self.index if self.group is None else self.group
 
     @property
     def remaining(self) -> int:
@@ -86,6 +97,8 @@ async def stream_sample(
     stream = engine.generate_stream(rid, sample.prompt_ids + sample.output_ids, params)
     async for chunk in stream:
         meta = chunk["meta_info"]
+        if sample.attempts == 1 and not seen:
+            sample.cached_tokens = max(sample.cached_tokens, int(meta.get("cached_tokens") or 0))
         ids = list(chunk["output_ids"][seen:])  # cumulative and live: copy the new part
         lps = meta.get("output_token_logprobs") or []
         if ids:
@@ -104,6 +117,26 @@ async def stream_sample(
     return sample
 
 
+async def prefill_shared_prompts(engine: SglangEngine, samples: Sequence[Sample], tag: str) -> int:
+    """Prefill once the prompt of every group with two or more fresh members (no token
+    yet), so that the members' requests find it in the radix cache instead of each
+    prefilling it (SGLang does the same for its own parallel sampling). Returns the groups."""
+    fresh: dict[int, Sample] = {}
+    counts: dict[int, int] = {}
+    for s in samples:
+        if not s.output_ids and s.group is not None:
+            fresh.setdefault(s.group, s)
+            counts[s.group] = counts.get(s.group, 0) + 1
+    shared = [s for g, s in fresh.items() if counts[g] > 1]
+
+    async def prefill(s: Sample) -> None:
+        async for _ in engine.generate_stream(f"{tag}-pf{s.group:08d}", list(s.prompt_ids), {"max_new_tokens": 0}):
+            pass
+
+    await asyncio.gather(*(prefill(s) for s in shared))
+    return len(shared)
+
+
 async def generate(
     engine: SglangEngine,
     samples: Sequence[Sample],
@@ -111,8 +144,10 @@ async def generate(
     tag: str,
     on_tokens: OnTokens | None = None,
 ) -> list[Sample]:
-    """Stream every sample concurrently; return them when all have ended."""
+    """Stream every sample concurrently (a shared prompt prefilled once first); return
+    them when all have ended."""
     check_budget(samples, engine.context_length)
+    await prefill_shared_prompts(engine, samples, tag)
     await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens) for s in samples))
     return list(samples)
 

@@ -4,7 +4,12 @@ Owns: :class:`LengthAwareScheduler`, which launches B+Δ samples per step (defer
 partials first, oldest first, then new prompts under unique, ever-increasing indices),
 trains on the first B to finish and carries the rest, with their partial tokens, sampling
 logprobs and per-token weight versions, into a FIFO deferred buffer; dropping (and
-reporting) partials whose oldest token is more than ``max_staleness_versions`` behind;
+reporting) partials whose oldest token is more than ``max_staleness_versions`` behind.
+With groups (``group_size`` n > 1: n samples of one prompt, GRPO's group) the unit is the
+group: B/n + Δ groups per step, a group is trained only when every member is finished
+(and scored), in the order groups complete; an incomplete group is deferred whole, its
+finished members waiting (not generated again) beside its partial ones, and a group with
+a too-stale member is dropped whole. n = 1 is exactly the per-sample schedule;
 :class:`DeltaController` (Δ follows the least-squares slope of mean reward over a window);
 :class:`ChunkSizeTuner` (OPPO's intra-step chunk size: try each candidate for one step
 every ``retune_every`` steps, keep the fastest); :func:`staleness_stats`; JSON-safe
@@ -41,6 +46,7 @@ class SchedulerConfig:
     window: int = 5  # w: steps of mean reward the slope is fitted over
     adaptive: bool = True  # False: Δ stays delta_init
     max_staleness_versions: int = 4  # S_hard: drop partials whose oldest token lags more
+    group_size: int = 1  # n: samples per prompt; B must be a multiple, Δ counts groups
 
     def __post_init__(self) -> None:
         checks = [
@@ -53,6 +59,8 @@ class SchedulerConfig:
             ("delta_dec", self.delta_dec >= 0, "must be >= 0"),
             ("window", self.window >= 2, "must be >= 2 (a slope needs two points)"),
             ("max_staleness_versions", self.max_staleness_versions >= 0, "must be >= 0"),
+            ("group_size", self.group_size >= 1 and self.batch_size % self.group_size == 0,
+             f"must be >= 1 and divide batch_size {self.batch_size}"),
         ]
         for name, ok, why in checks:
             if not ok:
@@ -60,7 +68,11 @@ class SchedulerConfig:
 
     @property
     def max_launch(self) -> int:
-        return self.batch_size + self.delta_max
+        return self.batch_size + self.delta_max * self.group_size
+
+    @property
+    def batch_groups(self) -> int:
+        return self.batch_size // self.group_size
 
 
 def reward_slope(values: Sequence[float]) -> float:
@@ -105,13 +117,23 @@ class DeltaController:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What one step runs: ``ready`` + ``launch`` together are the B+Δ samples."""
+    """What one step runs: ``ready`` + ``waiting`` + ``launch`` together are the B+Δ
+    samples (groups)."""
 
     launch: list[Sample]  # to generate: deferred partials (oldest first), then new samples
-    ready: list[Sample]  # complete samples deferred last step: trained first, not generated
+    ready: list[Sample]  # complete samples (groups) deferred last step: trained first, not generated
     dropped: list[Sample]  # too stale to train on: never trained, report them
     resumed: int  # how many of ``launch`` are deferred partials
     delta: int
+    waiting: list[Sample] = dataclasses.field(default_factory=list)  # finished members of launched groups
+
+
+def groups_of(samples: Sequence[Sample]) -> list[list[Sample]]:
+    """``samples`` grouped by group id, groups in order of first appearance."""
+    out: dict[int, list[Sample]] = {}
+    for s in samples:
+        out.setdefault(s.group_id, []).append(s)
+    return list(out.values())
 
 
 def _too_stale(sample: Sample, version: int, limit: int) -> bool:
@@ -138,6 +160,7 @@ class LengthAwareScheduler:
         self.dropped_total = 0
         self._deferred: list[Sample] = []  # FIFO: ascending index = order of first launch
         self._ready: list[Sample] = []
+        self._waiting: list[Sample] = []  # finished members of the open plan's launched groups
         self._in_flight: set[int] | None = None  # indices launched by the open plan
 
     @property
@@ -149,44 +172,57 @@ class LengthAwareScheduler:
         return tuple(self._deferred)
 
     def plan(self, make_sample: MakeSample, current_version: int) -> Plan:
-        """Choose the B+Δ samples of this step; ``current_version`` is the weight version
-        the actor will generate with."""
+        """Choose the B+Δ samples (B/n + Δ groups) of this step; ``current_version`` is the
+        weight version the actor will generate with. With n > 1, ``make_sample(index)``
+        must return members of group ``index // n`` (one prompt per group)."""
         if self._in_flight is not None:
             raise EngineError("scheduler: plan() called again before select() closed the step")
         limit = self.config.max_staleness_versions
-        dropped = [s for s in self._deferred if _too_stale(s, current_version, limit)]
-        keep = [s for s in self._deferred if not _too_stale(s, current_version, limit)]
-        pool = self.config.batch_size + self.delta
-        ready = [s for s in keep if s.finished][:pool]
-        partial = [s for s in keep if not s.finished][: pool - len(ready)]
-        taken = {s.index for s in ready + partial}
-        self._deferred = [s for s in keep if s.index not in taken]
-        launch = partial + self._new_samples(make_sample, pool - len(ready) - len(partial))
+        groups = groups_of(self._deferred)
+        stale = [any(_too_stale(s, current_version, limit) for s in g) for g in groups]
+        dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
+        keep = [g for g, bad in zip(groups, stale) if not bad]
+        pool = self.config.batch_groups + self.delta
+        ready = [g for g in keep if all(s.finished for s in g)][:pool]
+        partial = [g for g in keep if not all(s.finished for s in g)][: pool - len(ready)]
+        taken = {g[0].group_id for g in ready + partial}
+        self._deferred = [s for g in keep if g[0].group_id not in taken for s in g]
+        resumed = [s for g in partial for s in g if not s.finished]
+        launch = resumed + self._new_samples(make_sample, pool - len(ready) - len(partial))
         self.dropped_total += len(dropped)
-        self._ready = ready
+        self._ready = [s for g in ready for s in g]
+        self._waiting = [s for g in partial for s in g if s.finished]
         self._in_flight = {s.index for s in launch}
-        return Plan(launch, ready, dropped, len(partial), self.delta)
+        return Plan(launch, list(self._ready), dropped, len(resumed), self.delta, list(self._waiting))
 
-    def _new_samples(self, make_sample: MakeSample, count: int) -> list[Sample]:
+    def _new_samples(self, make_sample: MakeSample, groups: int) -> list[Sample]:
+        n = self.config.group_size
         out = []
-        for _ in range(count):
-            sample = make_sample(self.next_index)
-            if sample is None:  # out of prompts
-                break
-            if sample.index != self.next_index or sample.output_ids:
-                raise EngineError(
-                    f"scheduler: make_sample({self.next_index}) returned sample "
-                    f"{sample.index} with {len(sample.output_ids)} tokens; expected a fresh "
-                    "sample with the index it was given"
-                )
-            self.next_index += 1
-            out.append(sample)
+        for _ in range(groups):
+            members = []
+            for j in range(n):
+                sample = make_sample(self.next_index)
+                if sample is None and j == 0:  # out of prompts
+                    return out
+                expected = self.next_index // n if n > 1 else sample.group if sample is not None else None
+                if (sample is None or sample.index != self.next_index or sample.output_ids
+                        or sample.group != expected):
+                    raise EngineError(
+                        f"scheduler: make_sample({self.next_index}) returned "
+                        f"{'nothing' if sample is None else f'sample {sample.index} of group {sample.group} with {len(sample.output_ids)} tokens'}"
+                        f"; expected a fresh sample with the index it was given"
+                        + (f" in group {self.next_index // n}" if n > 1 else "")
+                    )
+                self.next_index += 1
+                members.append(sample)
+            out += members
         return out
 
     def select(self, ended: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
         """``ended``: every launched sample, finished ones in completion order (unfinished
-        ones anywhere). Returns ``(train, defer)``: the plan's ready samples, then the
-        first finishers, B in all when that many finished; everything else is deferred."""
+        ones anywhere). Returns ``(train, defer)``: the plan's ready groups, then the groups
+        in the order their last member finished, B samples in all when that many groups
+        complete; everything else (incomplete groups whole) is deferred."""
         if self._in_flight is None:
             raise EngineError("scheduler: select() called without an open plan()")
         got = sorted(s.index for s in ended)
@@ -197,11 +233,17 @@ class LengthAwareScheduler:
             )
         for s in ended:
             _check_sample(s)
-        done = self._ready + [s for s in ended if s.finished]
-        train, late = done[: self.config.batch_size], done[self.config.batch_size :]
-        defer = late + [s for s in ended if not s.finished]
+        order = {s.index: i for i, s in enumerate(s for s in ended if s.finished)}
+        ready = groups_of(self._ready)
+        ran = groups_of(sorted(self._waiting + list(ended), key=lambda s: s.index))
+        complete = sorted((g for g in ran if all(s.finished for s in g)),
+                          key=lambda g: max(order.get(s.index, -1) for s in g))
+        done = ready + complete
+        keep = self.config.batch_groups
+        train = [s for g in done[:keep] for s in g]
+        defer = [s for g in done[keep:] for s in g] + [s for g in ran if not all(m.finished for m in g) for s in g]
         self._deferred = sorted(self._deferred + defer, key=lambda s: s.index)
-        self._ready, self._in_flight = [], None
+        self._ready, self._waiting, self._in_flight = [], [], None
         return train, defer
 
     def observe_reward(self, mean_reward: float) -> int:
@@ -227,7 +269,7 @@ class LengthAwareScheduler:
         self.dropped_total = int(state["dropped_total"])
         self._deferred = sorted((Sample(**d) for d in state["deferred"]), key=lambda s: s.index)
         self.delta_ctl.load_state_dict(state["delta"])
-        self._ready, self._in_flight = [], None
+        self._ready, self._waiting, self._in_flight = [], [], None
 
 
 def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str, float]:

@@ -37,6 +37,7 @@ class TrainBatch:
     scores: torch.Tensor  # [B] float32, sequence-level reward
     behaviour_logp: torch.Tensor  # [B, T] float32, logprob under the sampling weights, 0 on pad
     versions: torch.Tensor  # [B, T] long, weight version that sampled each token, 0 on pad
+    groups: torch.Tensor  # [B] long, equal for samples of one prompt (critic-free baselines)
 
     @property
     def size(self) -> int:
@@ -82,8 +83,10 @@ def make_batch(
     scores: Sequence[float],
     behaviour_logprobs: Sequence[Sequence[float]],
     token_versions: Sequence[Sequence[int]],
+    groups: Sequence[int] | None = None,
 ) -> TrainBatch:
     """Right-padded `TrainBatch` from per-row token lists (all sequences have B rows).
+    `groups`: each row's group id (samples of one prompt); None: every row its own group.
 
     Each prompt must be non-empty (the first response token is predicted from the last
     prompt token); responses may be empty. behaviour_logprobs[b] and token_versions[b]
@@ -91,6 +94,8 @@ def make_batch(
     one-column, fully masked response.
     """
     _check_rows(prompts, responses, scores, behaviour_logprobs, token_versions)
+    if groups is not None and len(groups) != len(prompts):
+        raise ValueError(f"{len(groups)} group ids for {len(prompts)} rows")
     batch = len(prompts)
     length = max(len(p) + len(r) for p, r in zip(prompts, responses))
     width = max(1, max(len(r) for r in responses))
@@ -118,6 +123,7 @@ def make_batch(
         scores=torch.tensor(list(scores), dtype=torch.float32),
         behaviour_logp=behaviour,
         versions=versions,
+        groups=torch.tensor(list(groups) if groups is not None else range(batch), dtype=torch.long),
     )
 
 

@@ -1,7 +1,8 @@
 """The training half of a PPO step on FSDP2: one method per phase, so the loop can time each.
 
 Owns: the actor (trainable), the reference (frozen copy of the initial actor) and the
-critic (`ValueModel`), all FSDP2-sharded; their AdamW optimizers; the phases
+critic (`ValueModel`; none with a critic-free estimator, `settings.critic_free`), all
+FSDP2-sharded; their AdamW optimizers; the phases
 ref_logprobs / old_logprobs / values (no grad) -> advantages -> train_critic /
 train_actor; the actor's full state dict for weight sync; the world-size independent
 training state for checkpoints; offload/onload of the sharded state on CUDA.
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from .errors import TrainerConfigError
+from .estimators import outcome_advantages
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
@@ -75,12 +77,15 @@ class PPOTrainer:
 
         self.actor = load_actor()
         self.ref = load_actor().requires_grad_(False)
-        critic = ValueModel.from_pretrained(settings.critic_source, dtype=torch.float32, seed=settings.seed,
-                                           trust_remote_code=settings.trust_remote_code,
-                                           attn_implementation=settings.attn_implementation)
-        self.critic = shard_model(critic.eval(), self.dist, compute)
         self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
-        self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
+        self.critic: nn.Module | None = None  # critic-free estimators build none
+        self.critic_optim: torch.optim.Optimizer | None = None
+        if not settings.critic_free:
+            critic = ValueModel.from_pretrained(settings.critic_source, dtype=torch.float32, seed=settings.seed,
+                                               trust_remote_code=settings.trust_remote_code,
+                                               attn_implementation=settings.attn_implementation)
+            self.critic = shard_model(critic.eval(), self.dist, compute)
+            self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
         self.stash = HostStash()  # pinned host buffers of the CUDA offload, reused every step
 
@@ -119,6 +124,8 @@ class PPOTrainer:
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """Critic values of the states emitting each response token -> [B, T] (0 on padding)."""
+        if self.critic is None:
+            raise TrainerConfigError(f"values: ppo.advantage={self.settings.advantage} trains no critic")
         return self._rows_no_grad(lambda mb: self._value(self.critic, mb), batch)
 
     def _rows_no_grad(self, fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch) -> torch.Tensor:
@@ -137,14 +144,26 @@ class PPOTrainer:
 
     @torch.no_grad()
     def advantages(
-        self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, values: torch.Tensor,
+        self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, values: torch.Tensor | None,
         kl_coef: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(advantages, returns, token_rewards, kl), each [B, T]: KL-shaped rewards, GAE, optional whitening."""
+        """(advantages, returns, token_rewards, kl), each [B, T].
+
+        Rewards: the score on each row's last token, minus kl_coef x KL on every token
+        when KL is in the reward (``kl_in="reward"``). gae: GAE over `values`, whitened
+        if asked; returns = advantages + values. Critic-free: the group estimator over
+        each row's return (its rewards summed, `trainer/estimators.py`), `values` unused;
+        returns = that return on every response token.
+        """
         s, mask = self.settings, batch.response_mask
         kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
         kl = torch.where(mask, kl, torch.zeros_like(kl))
-        rewards = ppo_math.token_rewards(batch.scores, kl, mask, kl_coef)  # [B, T]
+        rewards = ppo_math.token_rewards(batch.scores, kl, mask, kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
+        if s.critic_free:
+            total = rewards.sum(-1)  # [B]
+            adv = outcome_advantages(total, batch.groups, mask, s.advantage, s.norm_adv_by_std)  # [B, T]
+            returns = torch.where(mask, total[:, None].expand_as(rewards), torch.zeros_like(rewards))  # [B, T]
+            return adv, returns, rewards, kl
         adv, returns = ppo_math.gae_advantages(rewards, values, mask, s.gamma, s.lam)  # [B, T]
         if s.whiten_advantages:
             adv = ppo_math.masked_whiten(adv, mask)
@@ -155,6 +174,8 @@ class PPOTrainer:
     def train_critic(self, batch: TrainBatch, values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
         """Clipped value loss, epochs x minibatches -> {value_loss, vf_clip_frac, grad_norm, skipped_steps, …}."""
         s = self.settings
+        if self.critic is None:
+            raise TrainerConfigError(f"train_critic: ppo.advantage={s.advantage} trains no critic")
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             new_values = self._value(self.critic, mb)  # [b, T]
@@ -167,9 +188,12 @@ class PPOTrainer:
         return self._optimise("critic", self.critic, self.critic_optim, batch, extra, loss_fn)
 
     def train_actor(
-        self, batch: TrainBatch, old_logp: torch.Tensor, advantages: torch.Tensor, current_version: int
+        self, batch: TrainBatch, old_logp: torch.Tensor, advantages: torch.Tensor, current_version: int,
+        ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
     ) -> dict[str, float]:
-        """Clipped policy loss, epochs x minibatches, with staleness correction.
+        """Clipped policy loss, epochs x minibatches, with staleness correction; with
+        ``kl_in="loss"`` plus kl_coef x k3 KL to the reference (`ref_logp`) per token,
+        aggregated like the policy loss (reported as kl_loss).
 
         Tokens sampled more than `max_staleness` versions before `current_version` are
         left out of the loss; with `is_cap`, each token's loss is weighted by
@@ -186,6 +210,10 @@ class PPOTrainer:
                  "on_policy": on_policy_mask(batch.versions, mask, current_version)}
         if s.is_cap is not None:
             extra["is_weights"] = ppo_math.truncated_is_weights(batch.behaviour_logp, old_logp, mask, s.is_cap)
+        if s.kl_in == "loss":
+            if ref_logp is None:
+                raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")
+            extra["ref_logp"] = ref_logp
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
@@ -193,6 +221,10 @@ class PPOTrainer:
                 logp, t["old_logp"], t["advantages"], t["loss_mask"], s.clip_eps, s.loss_agg, t.get("is_weights")
             )
             stats["entropy"] = ppo_math.masked_mean(entropy, t["loss_mask"])
+            if "ref_logp" in t:  # KL to the reference as a loss term (k3)
+                kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), t["loss_mask"], s.loss_agg)
+                loss = loss + kl_coef * kl
+                stats["kl_loss"] = kl.detach()
             if "on_policy" in t:  # the drift probe: first minibatch only
                 stats["drift"] = drift_terms(logp, t["behaviour_logp"], t["on_policy"])
             return loss, stats
@@ -220,21 +252,22 @@ class PPOTrainer:
         return full_state_dict(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
-        """Actor, critic and both optimizers as full CPU state dicts on rank 0 (empty elsewhere). Collective.
+        """Actor, critic (when there is one) and their optimizers as full CPU state dicts on
+        rank 0 (empty elsewhere). Collective.
 
         World-size independent: FQN keys, unsharded tensors. The reference model is not
         included: it is rebuilt from `actor_path`.
         """
-        return {
-            "actor": full_training_state(self.actor, self.actor_optim),
-            "critic": full_training_state(self.critic, self.critic_optim),
-            "updates": dict(self.updates),
-        }
+        state = {"actor": full_training_state(self.actor, self.actor_optim), "updates": dict(self.updates)}
+        if self.critic is not None:
+            state["critic"] = full_training_state(self.critic, self.critic_optim)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load `state_dict()` output; only rank 0's copy is read, then broadcast and sharded. Collective."""
         load_training_state(self.actor, self.actor_optim, state.get("actor", {}), self.dist)
-        load_training_state(self.critic, self.critic_optim, state.get("critic", {}), self.dist)
+        if self.critic is not None:
+            load_training_state(self.critic, self.critic_optim, state.get("critic", {}), self.dist)
         self.updates = dict(broadcast_object(state.get("updates"), self.dist))
 
     def offload(self) -> bool:
@@ -263,10 +296,10 @@ class PPOTrainer:
         return True
 
     def _models(self) -> tuple[nn.Module, ...]:
-        return self.actor, self.ref, self.critic
+        return tuple(m for m in (self.actor, self.ref, self.critic) if m is not None)
 
     def _optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
-        return self.actor_optim, self.critic_optim
+        return tuple(o for o in (self.actor_optim, self.critic_optim) if o is not None)
 
     def _move_plainly(self, device: torch.device | str) -> None:
         for model in self._models():

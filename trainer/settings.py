@@ -17,9 +17,11 @@ import torch
 
 from . import ppo_math
 from .errors import TrainerConfigError
+from .estimators import ADVANTAGES, CRITIC_FREE
 from .varlen_attention import VARLEN_SDPA
 
 OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
+KL_PLACES: tuple[str, ...] = ("reward", "loss")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,13 @@ class TrainerSettings:
     old_logp: str = "recompute"
     host_offload: str = "pinned"  # CUDA offload target: reused page-locked buffers, or "pageable" (module.to)
     trust_remote_code: bool = False  # let transformers run code the model folders ship
+    # advantage estimator (`trainer/estimators.py`): "gae" trains a critic; "grpo", "rloo"
+    # and "reinforce_baseline" are critic-free (no critic is built) and use group baselines
+    advantage: str = "gae"
+    norm_adv_by_std: bool = True  # grpo: divide by the group's std (False: Dr. GRPO)
+    # KL to the reference: "reward" (a per-token penalty in the reward, kl_estimator) or
+    # "loss" (k3 in the actor's loss, weighted by the KL coefficient, the GRPO way)
+    kl_in: str = "reward"
 
     def __post_init__(self) -> None:
         checks = {
@@ -75,10 +84,17 @@ class TrainerSettings:
             "temperature": self.temperature > 0,
             "is_cap": self.is_cap is None or self.is_cap > 0,
             "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
+            "advantage": self.advantage in ADVANTAGES,
+            "kl_in": self.kl_in in KL_PLACES,
         }
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
+
+    @property
+    def critic_free(self) -> bool:
+        """No critic: the estimator's baseline comes from the group, not from values."""
+        return self.advantage in CRITIC_FREE
 
     @property
     def critic_source(self) -> str:

@@ -54,7 +54,7 @@ def test_streamed_rewards_equal_scoring_after_generation(actor_engine, reward_en
     after = loop.run_until_complete(
         reward.score_many(reward_engine, [s.prompt_ids + s.output_ids for s in samples], "after"))
     for s, want in zip(samples, after):
-        assert res.scores[s.index] == pytest.approx(want, abs=1e-5)
+        assert s.score == pytest.approx(want, abs=1e-5)
     assert feeder.chunks_seen >= sum(len(s.output_ids) // 4 for s in samples)
     assert res.seconds["reward_tail"] >= 0
 
@@ -103,7 +103,7 @@ def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
     after = loop.run_until_complete(reward.score_many(
         reward_engine, [s.prompt_ids + s.output_ids for s in second.completed], "after-cut"))
     for s, want in zip(second.completed, after):
-        assert second.scores[s.index] == pytest.approx(want, abs=1e-5)
+        assert s.score == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.parametrize("how,needle", [("SIGKILL", "reward feeder"), ("SIGSTOP", "stopped answering")])

@@ -15,7 +15,7 @@ from colocate.trainer.critic import ValueModel
 from colocate.trainer.distributed import broadcast_object, free_port, init_distributed
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
-from colocate.trainer.varlen_attention import VARLEN_SDPA, register_varlen_sdpa
+from colocate.trainer.varlen_attention import register_varlen_sdpa
 
 TOL = dict(rtol=0, atol=1e-5)
 

@@ -112,9 +112,8 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
 
 
 def test_sequential_score_error_is_one_line(actor_engine, short_rm):
-    prompts = [Prompt(tuple(s.prompt_ids), {}, s.max_new_tokens) for s in _samples()]
     with pytest.raises(RewardRequestError) as e:
-        run_sequential(actor_engine, prompts, 40, GREEDY, 5, reward_engine=short_rm)
+        run_sequential(actor_engine, _samples(), GREEDY, 5, reward_engine=short_rm)
     _one_line_about_a_long_sample(e.value, 5)
 
 

@@ -372,3 +372,48 @@ def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> Non
 def test_sync_gathers_before_offload_and_offloaded_state_is_readable_on_cuda(tiny_actor_path):
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_cuda_sync_order_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)
+
+
+# ---------------------------------------------------------------- critic-free estimators
+
+
+def grouped(batch: TrainBatch, n: int = 2) -> TrainBatch:
+    """`batch` with consecutive rows in groups of n."""
+    return dataclasses.replace(batch, groups=torch.arange(batch.size) // n)
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo", "reinforce_baseline"])
+def test_critic_free_trainer_has_no_critic_and_uses_group_baselines(world1, tiny_actor_path, advantage):
+    from colocate.trainer.errors import TrainerConfigError
+    from colocate.trainer.estimators import outcome_advantages
+
+    trainer = PPOTrainer(settings_for(tiny_actor_path, advantage=advantage), world1)
+    assert trainer.critic is None and trainer.critic_optim is None
+    assert "critic" not in trainer.state_dict()
+    batch = grouped(rollout_batch(3))
+    with pytest.raises(TrainerConfigError, match="no critic"):
+        trainer.values(batch)
+    old, ref = trainer.old_logprobs(batch), trainer.ref_logprobs(batch)
+    adv, returns, rewards, kl = trainer.advantages(batch, old, ref, None, kl_coef=0.1)
+    total = batch.scores - 0.1 * (kl * batch.response_mask).sum(-1)  # score minus the summed KL penalty
+    expected = outcome_advantages(total, batch.groups, batch.response_mask, advantage)
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(returns[:, 0], total)
+    stats = trainer.train_actor(batch, old, adv, current_version=0)
+    assert math.isfinite(stats["policy_loss"]) and stats["grad_norm"] > 0
+
+
+def test_kl_in_loss_adds_k3_to_the_actor_loss_not_to_the_reward(world1, tiny_actor_path):
+    from colocate.trainer.errors import TrainerConfigError
+
+    batch = grouped(rollout_batch(4))
+    trainer = PPOTrainer(settings_for(tiny_actor_path, advantage="grpo", kl_in="loss", epochs=1), world1)
+    old, ref = trainer.old_logprobs(batch), trainer.ref_logprobs(batch)
+    adv, _, rewards, _ = trainer.advantages(batch, old, ref, None, kl_coef=0.5)
+    last = batch.response_mask.sum(-1) - 1
+    assert torch.equal(rewards.sum(-1), rewards[torch.arange(batch.size), last])  # the score only: no KL
+    with pytest.raises(TrainerConfigError, match="ref_logp"):
+        trainer.train_actor(batch, old, adv, current_version=0)
+    stats = trainer.train_actor(batch, old, adv, current_version=0, ref_logp=ref, kl_coef=0.5)
+    # the first minibatch starts at the reference weights: k3 there is 0; later ones moved
+    assert 0 < stats["kl_loss"] < 1
