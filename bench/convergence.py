@@ -1,6 +1,8 @@
 """Time to reward: ``colocate bench --convergence``, OPPO's own headline metric.
 
-Runs ``sequential`` and ``oppo`` (by default) for N steps each on the default task
+Runs ``sequential`` and ``oppo`` (by default), plus any named variants (config
+overrides, e.g. a critic-free estimator: ``--variant "grpo ppo.advantage=grpo
+rollout.group_size=4 ppo.kl_in=loss"``, sequential unless they set a mode), for N steps each on the default task
 (sentiment prompts, the reward model; the preset's models), one after the other, each a
 plain ``colocate train`` run with the same seeds and a held-out evaluation every few
 steps, and compares held-out reward against training seconds: the cumulative ``step_s``
@@ -8,7 +10,8 @@ of the run's steps up to each evaluation (evaluations, checkpoints and engine st
 not training and are left out; they cost every mode the same). The target is the
 sequential run's final held-out reward; each mode's time to reward is the training time
 at its first evaluation at or above it ("not reached" otherwise). Between steps the
-contention guard records the others' CPU load and can wait for a quiet machine.
+contention guard records the others' CPU load and can wait for a quiet machine. Each run's
+median step time and peak resident memory (``mem/rss_mb``) are reported beside it.
 
 Owns: the runs' configs, running them, the curve and time-to-reward arithmetic (pure
 functions), the markdown section. Leaves out: the plot (``bench.plots``), throughput.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,6 +34,7 @@ class ConvergenceOptions:
     steps: int = 30  # PPO steps per mode
     eval_every: int = 3  # held-out evaluation every N steps (and at 0 and the end)
     modes: tuple[str, ...] = ("sequential", "oppo")
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # extra runs: (name, config overrides)
 
 
 def curve(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
@@ -52,9 +57,11 @@ def time_to_reward(points: Sequence[dict[str, float]], target: float) -> float |
 
 
 def summarize(curves: dict[str, list[dict[str, float]]], contended: dict[str, int] | None = None,
-              base: str = "sequential") -> dict[str, Any]:
+              base: str = "sequential", metrics: dict[str, Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Target (``base``'s final held-out reward) and, per mode: final reward, time to the
-    target, total training seconds, speed-up in time to reward over ``base``."""
+    target, total training seconds, speed-up in time to reward over ``base``; with
+    ``metrics`` (each run's metrics.jsonl records) also the median step seconds and the
+    peak RSS."""
     target = curves[base][-1]["reward"] if curves.get(base) else math.nan
     modes: dict[str, Any] = {}
     for mode, points in curves.items():
@@ -67,6 +74,11 @@ def summarize(curves: dict[str, list[dict[str, float]]], contended: dict[str, in
     for m in modes.values():
         t = m["time_to_target_s"]
         m["speedup_vs_base"] = base_time / t if base_time and t else None
+    for mode, recs in (metrics or {}).items():
+        if mode in modes:
+            steps = sorted(r["step_s"] for r in recs if "step_s" in r and "skipped" not in r)
+            modes[mode]["step_s_median"] = statistics.median(steps) if steps else math.nan
+            modes[mode]["rss_mb_peak"] = max((r.get("mem/rss_mb", math.nan) for r in recs), default=math.nan)
     return {"base": base, "target": target, "modes": modes}
 
 
@@ -83,22 +95,35 @@ def markdown(summary: dict[str, Any], plot: str | None = None) -> str:
         speed = f"{m['speedup_vs_base']:.2f}x" if m["speedup_vs_base"] else "–"
         lines.append(f"| {mode} | {m['steps']} | {m['final_reward']:+.3f} | {m['train_seconds']:.1f} | "
                      f"{reached} | {speed} | {m['contended_steps']} |")
+    if any("step_s_median" in m for m in summary["modes"].values()):
+        lines += ["", "| run | median step s | peak RSS MB |", "|---|---|---|"]
+        lines += [f"| {mode} | {m['step_s_median']:.1f} | {m['rss_mb_peak']:.0f} |"
+                  for mode, m in summary["modes"].items() if "step_s_median" in m]
     if plot:
         lines += ["", f"![convergence]({plot})"]
     return "\n".join(lines)
 
 
 def configs(conv: ConvergenceOptions, base_overrides: Sequence[str], out: Path) -> dict[str, Any]:
-    """One config per mode: the default task with ``base_overrides`` (models, chunk, Δ, the
-    user's), N steps, evaluation every ``eval_every``, no checkpoints."""
+    """One config per mode and per variant: the default task with ``base_overrides``
+    (models, chunk, Δ, the user's), N steps, evaluation every ``eval_every``, no
+    checkpoints; a variant's overrides last (sequential unless they name a mode)."""
     from colocate.config import load_config
 
-    return {mode: load_config(overrides=[
-        *base_overrides, f"run.out_dir={out / f'convergence-{mode}'}", f"run.steps={conv.steps}",
-        f"run.eval_every={conv.eval_every}", "run.save_every=0", f"overlap.mode={mode}"]) for mode in conv.modes}
+    def config(name: str, *extra: str):
+        return load_config(overrides=[
+            *base_overrides, f"run.out_dir={out / f'convergence-{name}'}", f"run.steps={conv.steps}",
+            f"run.eval_every={conv.eval_every}", "run.save_every=0", *extra])
+
+    runs = {mode: config(mode, f"overlap.mode={mode}") for mode in conv.modes}
+    for name, extra in conv.variants:
+        if name in runs:
+            raise ValueError(f"--variant {name!r}: the name of a mode or another variant")
+        runs[name] = config(name, "overlap.mode=sequential", *extra)
+    return runs
 
 
-def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None]) -> dict[str, Any]:
+def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None], name: str = "") -> dict[str, Any]:
     """One ``colocate train`` run; its metrics, evaluations and per-step others' load."""
     from colocate import builder, loop
     from colocate.metrics import read
@@ -107,7 +132,7 @@ def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None]) -> dic
     tracker = _LoadTracker(guard)
     try:
         loop.train(session, callbacks=[tracker], progress=lambda r: log(
-            f"  {cfg.overlap.mode:<10} step {r['step']}/{cfg.run.steps}: {r['step_s']:.2f} s"))
+            f"  {name or cfg.overlap.mode:<10} step {r['step']}/{cfg.run.steps}: {r['step_s']:.2f} s"))
     finally:
         session.close()
     out = Path(cfg.run.out_dir)

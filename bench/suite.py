@@ -205,10 +205,11 @@ def _convergence(opts: BenchOptions, actor: str, rm: str, out: Path, guard: Guar
     runs = {}
     for mode, cfg in convergence.configs(conv, base, out).items():
         log(f"convergence: {mode}, {conv.steps} steps")
-        runs[mode] = convergence.run_mode(cfg, guard, log)
+        runs[mode] = convergence.run_mode(cfg, guard, log, name=mode)
     curves = {m: convergence.curve(r["metrics"], r["evals"]) for m, r in runs.items()}
     contended = {m: sum(x["contended"] for x in r["loads"]) for m, r in runs.items()}
-    summary = convergence.summarize(curves, contended, base=conv.modes[0])
+    summary = convergence.summarize(curves, contended, base=conv.modes[0],
+                                    metrics={m: r["metrics"] for m, r in runs.items()})
     plots.convergence(curves, summary["target"], out / "convergence.png", "held-out reward vs training seconds")
     results["convergence"] = {"runs": runs, "curves": curves, "summary": summary}
     return [convergence.markdown(summary, "convergence.png"), ""]

@@ -110,10 +110,14 @@ def _bench_default(module: str, cls: str, field: str):
 @click.option("--eval-every", type=int,
               default=_bench_default("convergence", "ConvergenceOptions", "eval_every"), show_default="3",
               help="--convergence: held-out evaluation every N steps.")
+@click.option("--variant", "variants", multiple=True, metavar='"NAME KEY=VALUE ..."',
+              help="--convergence: one more run named NAME with these config overrides (sequential unless "
+              'they set overlap.mode), e.g. --variant "grpo ppo.advantage=grpo rollout.group_size=4 '
+              'ppo.kl_in=loss". Repeatable.')
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
 def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, overrides, contended_above,
-          quiet_wait, convergence, convergence_steps, eval_every, out):
+          quiet_wait, convergence, convergence_steps, eval_every, variants, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
     peer, the lower bound; writes report.md, results.json and plots. With
     --convergence: time to reward (sequential vs oppo) instead.
@@ -123,6 +127,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
       colocate bench --quick
       colocate bench --full --workloads reasoning --repeats 5
       colocate bench --full --convergence --convergence-steps 30
+      colocate bench --full --convergence --variant "grpo ppo.advantage=grpo rollout.group_size=4"
     """
     from colocate.bench.contention import GuardOptions
     from colocate.bench.convergence import ConvergenceOptions
@@ -136,7 +141,17 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
         raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)}, workloads {sorted(WORKLOADS)}")
     if convergence and (convergence_steps < 1 or eval_every < 1):
         raise ColocateError("--convergence-steps and --eval-every must be >= 1")
-    conv = ConvergenceOptions(steps=convergence_steps, eval_every=eval_every) if convergence else None
+    parsed = tuple((v.split()[0], tuple(v.split()[1:])) for v in variants if v.split())
+    if parsed and not convergence:
+        raise ColocateError("--variant is a run of the --convergence study; add --convergence")
+    if any(not extra or not all("=" in x for x in extra) for _, extra in parsed):
+        raise ColocateError('--variant: expected "NAME KEY=VALUE ...", e.g. "grpo ppo.advantage=grpo rollout.group_size=4"')
+    names = [name for name, _ in parsed]
+    clash = [n for i, n in enumerate(names) if n in ("sequential", "oppo") or n in names[:i]]
+    if clash:
+        raise ColocateError(f"--variant {clash[0]!r}: already the name of a mode or another variant; pick another")
+    conv = (ConvergenceOptions(steps=convergence_steps, eval_every=eval_every, variants=parsed)
+            if convergence else None)
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
                         peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta, overrides=tuple(overrides),
                         guard=GuardOptions(limit_cores=contended_above, quiet_wait_s=quiet_wait), convergence=conv)

@@ -2,8 +2,10 @@
 
 generate → score → ref logp, old logp, values → advantages → critic and actor epochs →
 weight sync (with the sleep/wake order of ``colocate.timesharing``) → KL control →
-metrics → checkpoint. Rank 0 runs the engines and broadcasts the rollout to the other
-ranks; every rank trains its FSDP shard.
+metrics → checkpoint. A critic-free estimator (``ppo.advantage``) has no values pass and
+no critic epochs. Every mode hands the step a ``StepRollout`` of scored samples (whole
+groups); rank 0 runs the engines and broadcasts it to the other ranks; every rank trains
+its FSDP shard.
 """
 
 from __future__ import annotations

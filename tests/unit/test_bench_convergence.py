@@ -62,3 +62,31 @@ def test_markdown_names_the_target_and_says_not_reached():
 def test_defaults_run_at_least_30_steps_of_sequential_and_oppo():
     opts = ConvergenceOptions()
     assert opts.steps >= 30 and opts.modes == ("sequential", "oppo") and 1 <= opts.eval_every < opts.steps
+
+
+def test_variants_run_sequential_unless_they_set_a_mode(tmp_path):
+    from colocate.bench.convergence import configs
+
+    conv = ConvergenceOptions(steps=4, eval_every=2, variants=(
+        ("grpo", ("ppo.advantage=grpo", "rollout.group_size=4")), ("rloo-oppo", ("ppo.advantage=rloo",
+                                                                                  "rollout.group_size=2",
+                                                                                  "overlap.mode=oppo"))))
+    cfgs = configs(conv, [], tmp_path)
+    assert list(cfgs) == ["sequential", "oppo", "grpo", "rloo-oppo"]
+    assert cfgs["grpo"].overlap.mode == "sequential" and cfgs["grpo"].ppo.advantage == "grpo"
+    assert cfgs["grpo"].rollout.group_size == 4 and cfgs["grpo"].run.steps == 4
+    assert cfgs["rloo-oppo"].overlap.mode == "oppo" and str(cfgs["rloo-oppo"].run.out_dir).endswith("convergence-rloo-oppo")
+    assert cfgs["sequential"].ppo.advantage == "gae"
+
+
+def test_summary_gives_median_step_time_and_peak_rss_per_run():
+    curves = {"sequential": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 2, "seconds": 9.0, "reward": 0.5}],
+              "grpo": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 2, "seconds": 5.0, "reward": 0.6}]}
+    metrics = {"sequential": [{"step": 1, "step_s": 4.0, "mem/rss_mb": 900.0}, {"step": 2, "step_s": 5.0, "mem/rss_mb": 950.0}],
+               "grpo": [{"step": 1, "step_s": 2.0, "mem/rss_mb": 600.0}, {"step": 2, "step_s": 3.0, "mem/rss_mb": 610.0},
+                        {"step": 3, "skipped": "nan", "step_s": 0.1}]}
+    s = summarize(curves, metrics=metrics)
+    assert s["modes"]["sequential"]["step_s_median"] == 4.5 and s["modes"]["sequential"]["rss_mb_peak"] == 950.0
+    assert s["modes"]["grpo"]["step_s_median"] == 2.5 and s["modes"]["grpo"]["rss_mb_peak"] == 610.0
+    text = markdown(s)
+    assert "| grpo | 2.5 | 610 |" in text and "| sequential | 4.5 | 950 |" in text

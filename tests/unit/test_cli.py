@@ -49,3 +49,14 @@ def test_malformed_yaml(tmp_path):
 def test_bench_rejects_unknown_mode():
     result = CliRunner().invoke(main, ["bench", "--modes", "sequential,turbo"])
     assert result.exit_code == 2 and "turbo" in result.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--variant", "grpo ppo.advantage=grpo"], "add --convergence"),
+    (["--convergence", "--variant", "grpo"], "NAME KEY=VALUE"),
+    (["--convergence", "--variant", "oppo ppo.advantage=grpo"], "already the name"),
+    (["--convergence", "--variant", "a ppo.epochs=1", "--variant", "a ppo.epochs=2"], "already the name"),
+])
+def test_bench_variant_errors_are_one_line(args, needle):
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code != 0 and needle in result.output and "Traceback" not in result.output
