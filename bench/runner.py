@@ -54,7 +54,10 @@ class _Sessions:
     them, exactly as ``colocate train`` would start them. Built on first use and kept so
     modes interleave without restarts, unless a second one would not fit in the free RAM
     next to the first (measured: one SmolLM2 session at batch 16 x 128 holds ~10 GB); then
-    the other is closed first and rebuilt when needed. Same seed: same initial weights."""
+    the other is closed first and rebuilt when needed. The first session's size is its
+    peak (`peak_rss_mb`: the trainer's activations of the steps it ran included), not
+    its size at rest: judged at rest, a reasoning run (batch 16 x 256) kept two sessions
+    and was OOM-killed at 17 GB in its second repeat. Same seed: same initial weights."""
 
     def __init__(self, cfg: Config, reward_fns: Sequence[Callable] = ()) -> None:
         self.cfg, self.built, self.reward_fns = cfg, {}, list(reward_fns)
@@ -73,7 +76,7 @@ class _Sessions:
 
         key = self.key(mode)
         if key not in self.built:
-            if self.built and not fits_beside(rss_mb() - self.baseline_mb, free_mb()):
+            if self.built and not fits_beside(peak_rss_mb() - self.baseline_mb, free_mb()):
                 self.close()
                 self.built, self.rebuilds = {}, self.rebuilds + 1
             session = builder.build(_mode_cfg(self.cfg, mode), reward_fns=self.reward_fns, log=lambda m: None)
@@ -88,6 +91,18 @@ class _Sessions:
 def fits_beside(session_mb: float, free: float, margin: float = 1.5) -> bool:
     """Whether another session like the one holding ``session_mb`` fits in ``free`` MiB."""
     return free > margin * session_mb
+
+
+def peak_rss_mb() -> float:
+    """`rss_mb` (this process and its children now) plus how far this process's own
+    resident memory has been above its current size at its peak (``ru_maxrss``)."""
+    import resource
+
+    import psutil
+
+    now_self = psutil.Process().memory_info().rss / 2**20
+    peak_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+    return rss_mb() + max(0.0, peak_self - now_self)
 
 
 def free_mb() -> float:

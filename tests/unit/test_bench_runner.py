@@ -25,3 +25,16 @@ def test_a_second_session_is_kept_only_with_room_to_spare():
     assert fits_beside(session_mb=4000, free=16000)
     assert not fits_beside(session_mb=10000, free=12000)  # the full preset on 24 GiB
     assert not fits_beside(session_mb=4000, free=6000)
+
+
+def test_peak_rss_counts_memory_this_process_held_and_gave_back():
+    import gc
+
+    from colocate.bench.runner import peak_rss_mb
+    from colocate.metrics import rss_mb
+
+    block = bytearray(300 * 2**20)  # 300 MiB resident, then freed
+    block[:: 4096] = b"x" * len(block[:: 4096])
+    del block
+    gc.collect()
+    assert peak_rss_mb() >= rss_mb() and peak_rss_mb() - rss_mb() > 200
