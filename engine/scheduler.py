@@ -204,15 +204,12 @@ class LengthAwareScheduler:
                 sample = make_sample(self.next_index)
                 if sample is None and j == 0:  # out of prompts
                     return out
-                expected = self.next_index // n if n > 1 else sample.group if sample is not None else None
-                if (sample is None or sample.index != self.next_index or sample.output_ids
-                        or sample.group != expected):
-                    raise EngineError(
-                        f"scheduler: make_sample({self.next_index}) returned "
-                        f"{'nothing' if sample is None else f'sample {sample.index} of group {sample.group} with {len(sample.output_ids)} tokens'}"
-                        f"; expected a fresh sample with the index it was given"
-                        + (f" in group {self.next_index // n}" if n > 1 else "")
-                    )
+                group_ok = n == 1 or (sample is not None and sample.group == self.next_index // n)
+                if sample is None or sample.index != self.next_index or sample.output_ids or not group_ok:
+                    got = "nothing" if sample is None else f"sample {sample.index} (group {sample.group}, {len(sample.output_ids)} tokens)"
+                    want = f" in group {self.next_index // n}" if n > 1 else ""
+                    raise EngineError(f"scheduler: make_sample({self.next_index}) returned {got}; expected a fresh "
+                                      f"sample with the index it was given{want}")
                 self.next_index += 1
                 members.append(sample)
             out += members
