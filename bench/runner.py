@@ -15,7 +15,9 @@ Leaves out: the lower bound (``bench.limit``), tables and plots (``bench.report`
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.bench.contention import GuardOptions, guarded
@@ -123,10 +125,13 @@ def grouped_order(modes: Sequence[str], rep: int, key: Callable[[str], Any]) -> 
 
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                  progress: Callable[[str], None] = print, limit_probe=None, *,
-                 reward_fns: Sequence[Callable] = (), guard: GuardOptions | None = None) -> dict[str, Any]:
+                 reward_fns: Sequence[Callable] = (), guard: GuardOptions | None = None,
+                 journal: Path | None = None) -> dict[str, Any]:
     """Records of every measured step, tagged with mode and repeat (and, under ``guard``,
     the others' CPU load during the step); plus the probe (on the sequential mode's
-    engines). ``reward_fns`` add to the reward model's score in every mode."""
+    engines). ``reward_fns`` add to the reward model's score in every mode. ``journal``:
+    each record is also appended there as one JSON line the moment it is measured, so a
+    run that dies (e.g. OOM-killed) keeps the steps it finished."""
     sessions = _Sessions(cfg, reward_fns)
     records: list[dict[str, Any]] = []
     try:
@@ -137,14 +142,14 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                 session, initial, kl_state = sessions.get(mode)
                 _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
                 records += _measure(session, mode, rep, steps, guard,
-                                    lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"))
+                                    lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"), journal)
     finally:
         sessions.close()
     return {"records": records, "probe": probe, "session_rebuilds": sessions.rebuilds}
 
 
 def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | None,
-             progress: Callable[[str], None]) -> list[dict[str, Any]]:
+             progress: Callable[[str], None], journal: Path | None = None) -> list[dict[str, Any]]:
     """One warm-up step (caches, allocator, first chunk tuning), then ``steps`` measured ones."""
     from colocate import loop
 
@@ -154,6 +159,9 @@ def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | Non
         rec, load = guarded(lambda: loop.step(session), guard)
         waited += load.get("quiet_wait_s", 0.0)  # wall_s: seconds of steps, not of waiting
         out.append({**rec, **load, "mode": mode, "repeat": rep, "wall_s": time.perf_counter() - started - waited})
+        if journal is not None:
+            with journal.open("a") as f:
+                f.write(json.dumps(out[-1], default=str) + "\n")
         flag = f", others {load['others_cores']:.2f} cores" + (" CONTENDED" if load["contended"] else "") if load else ""
         progress(f"{mode:<10} step {k}/{steps}: {rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}{flag}")
     return out

@@ -182,7 +182,8 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
         peer = peers[key]
     log(f"workload {workload}")
     data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe,
-                               reward_fns=workload_reward_fns(cfg), guard=guard)
+                               reward_fns=workload_reward_fns(cfg), guard=guard,
+                               journal=out / f"{workload}_steps.jsonl")
     summary = report.summarize(data["records"], data["probe"], opts.modes)
     peer_info = report.peer_ratio(summary, peer)
     if peer_info:

@@ -25,5 +25,9 @@ def test_bench_quick_writes_table_json_and_plots(tmp_path):
     assert f"commit `{env['commit']}`" in report
     summary = data["workloads"]["short"]["summary"]
     assert summary["oppo"]["vs_sequential"]["n"] == 1 and summary["oppo"]["trained_samples_per_s"]["median"] > 0
+    # every measured step was journaled as it ended (what a run killed halfway keeps)
+    journal = [json.loads(line) for line in (out / "short_steps.jsonl").read_text().splitlines()]
+    assert journal == json.loads(json.dumps(data["workloads"]["short"]["records"], default=str))
+    assert sorted(r["mode"] for r in journal) == ["oppo", "sequential"]
     for png in ("short_timeline.png", "short_reward.png"):
         assert (out / png).stat().st_size > 5000
