@@ -52,8 +52,11 @@ def main() -> None:
               help="Continue a run folder (or one of its checkpoints) with its own config.json; "
                    "CONFIG and --set apply on top of it.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--nproc", type=int, default=1, show_default=True,
+              help="Training processes on this node, started by torchrun (one FSDP shard each). "
+                   "Several nodes: run torchrun yourself (README, \"Several processes and nodes\").")
 @_friendly
-def train(config, overrides, resume, print_config):
+def train(config, overrides, resume, print_config, nproc):
     """Run PPO. With no arguments: SmolLM2-135M-Instruct learns to answer positively,
     scored by a reward model served in the same SGLang runtime.
 
@@ -63,14 +66,20 @@ def train(config, overrides, resume, print_config):
       colocate train my.yaml --set run.steps=50 --set rollout.batch_size=16
       colocate train --resume runs/default
       colocate train --resume runs/default --set run.steps=40
+      colocate train --nproc 2
     """
-    from colocate import api
+    from colocate import api, launch
     from colocate.config import dump_yaml, load_config
     from colocate.resume import load_run_config
 
     cfg = load_run_config(resume, config, overrides) if resume else load_config(config, list(overrides))
     if print_config:
         click.echo(dump_yaml(cfg))
+        return
+    if nproc != 1 and not launch.under_torchrun():
+        args = [*([config] if config else []), *(f"--set={o}" for o in overrides),
+                *([f"--resume={resume}"] if resume else [])]
+        launch.run_torchrun(nproc, args)
         return
     summary = api.train(cfg, resume=resume)
     click.echo(summary.describe())

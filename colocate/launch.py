@@ -1,0 +1,41 @@
+"""Starting ``colocate train`` on several training processes of one node through torchrun.
+
+Owns: the torchrun argument list for ``colocate train --nproc N`` and running torch's own
+launcher (``torch.distributed.run``) in this process; a failed rank becomes one line (its
+own error is printed above by that rank). Multi-node runs use torchrun directly with its
+own flags (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``), see README.
+Leaves out: what a rank does (``colocate.api``); rendezvous (torchrun's).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from colocate.errors import ColocateError, ConfigError
+
+TORCHRUN_ENV = ("LOCAL_RANK", "WORLD_SIZE")  # set by torchrun in every rank
+
+
+def under_torchrun(environ=os.environ) -> bool:
+    return all(key in environ for key in TORCHRUN_ENV)
+
+
+def torchrun_args(nproc: int, train_args: Sequence[str]) -> list[str]:
+    """The arguments of ``torchrun --standalone --nproc-per-node N -m colocate.cli train ARGS``."""
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1 (got {nproc})")
+    return ["--standalone", f"--nproc-per-node={nproc}", "-m", "colocate.cli", "train", *train_args]
+
+
+def run_torchrun(nproc: int, train_args: Sequence[str]) -> None:
+    """Start ``nproc`` ranks of ``colocate train ARGS`` on this node and wait for them."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(torchrun_args(nproc, train_args))
+    except ChildFailedError as exc:
+        rank, first = min(exc.failures.items(), key=lambda kv: kv[1].timestamp, default=(None, None))
+        who = f"rank {rank} (exit code {first.exitcode})" if first is not None else "a rank"
+        raise ColocateError(f"{who} of {nproc} failed first; its error is printed above") from None
