@@ -1,8 +1,9 @@
 """Construct a :class:`~colocate.session.Session` from a config.
 
 Owns the start-up order: distributed group → model folders → SGLang engines on rank 0
-(before FSDP sharding, so the engines' spawned schedulers never inherit a process group)
-→ trainer → prompts and reward functions → optional resume.
+(before FSDP sharding, so the engines' spawned schedulers never inherit a process group),
+released at once on CUDA → trainer → prompts and reward functions → optional resume →
+engines woken with the trainer's weights (CUDA, or after a resume).
 Leaves out: the step (``colocate.loop``).
 """
 
@@ -21,6 +22,7 @@ from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.model_aliases import resolve_model
 from colocate.preflight import check_contexts
 from colocate.session import RunState, Session, tokenize_prompts
+from colocate import timesharing
 from colocate.timesharing import TimeSharing
 
 
@@ -38,6 +40,14 @@ def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
     return e.actor_threads or auto, e.reward_threads or auto
 
 
+def engine_dtype(cfg: Config, cuda_available: bool) -> str:
+    """``engines.dtype``; auto: bfloat16 where the engines run on CUDA, else ``models.dtype``."""
+    if cfg.engines.dtype != "auto":
+        return cfg.engines.dtype
+    on_cuda = cfg.engines.device == "cuda" or (cfg.engines.device == "auto" and cuda_available)
+    return "bfloat16" if on_cuda else cfg.models.dtype
+
+
 def engine_configs(cfg: Config, actor_path: str, reward_path: str | None):
     """(actor, reward) `EngineConfig`s of ``cfg``; reward is None without a reward model."""
     import os
@@ -46,13 +56,15 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None):
 
     e = cfg.engines
     actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
-    common = dict(device=e.device, dtype=cfg.models.dtype, seed=cfg.run.seed,
+    common = dict(device=e.device, dtype=engine_dtype(cfg, torch.cuda.is_available()), seed=cfg.run.seed,
                   mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
                   trust_remote_code=cfg.models.trust_remote_code)
     actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
                          threads=actor_threads, **common)
+    # the reward model's weights are never pushed again: they sleep with a host copy (CUDA)
     reward = None if reward_path is None else EngineConfig(
-        reward_path, role="reward", max_total_tokens=e.reward_max_total_tokens, threads=reward_threads, **common)
+        reward_path, role="reward", max_total_tokens=e.reward_max_total_tokens, threads=reward_threads,
+        weights_cpu_backup=True, **common)
     return actor, reward
 
 
@@ -142,7 +154,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     device = cfg.engines.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dist = init_distributed(device)
+    dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
     actor_path = resolve_model(cfg.models.actor, "models.actor")
     use_rm = cfg.reward.kind == "model"
     reward_path = resolve_model(cfg.models.reward, "models.reward") if use_rm else None
@@ -163,6 +175,13 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         actor, reward = _engines(cfg, actor_cfg, reward_cfg)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
             + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
+        try:  # CUDA: give the device back before the trainer loads; they wake in wake_engines
+            timesharing.release([actor, reward])
+        except BaseException:
+            for eng in (reward, actor):
+                if eng is not None:
+                    eng.shutdown()
+            raise
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
     # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
     random.seed(cfg.run.seed)
@@ -182,6 +201,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                           eval_prompts=eval_prompts, reward_errors=reward_errors)
         if resume is not None:
             session.restore(Path(resume))
+        session.wake_engines(resumed=resume is not None)
     except BaseException:
         if overlap is not None:
             overlap.close()

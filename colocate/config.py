@@ -100,6 +100,9 @@ class EnginesConfig:
     mem_fraction_static: float = 0.3
     sync_bucket_mb: int = 64
     host_offload: Literal["pinned", "pageable"] = "pinned"  # CUDA: where the trainer sleeps between steps
+    # dtype of the SGLang engines; auto: bfloat16 on CUDA (as peers serve), models.dtype on
+    # CPU (float32: the CPU engine's exact path). Weights are cast to it as they are pushed.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # CPU: torch threads of each engine's scheduler process. 0 (auto): all cores, except in
     # the streamed modes (intra, oppo), where the actor and reward engines (inline or the
     # feeder process's own) decode and prefill at the same time and get half the cores each.
@@ -152,6 +155,9 @@ class RunConfig:
     save_every: int = 5
     keep_checkpoints: int = 2
     train_threads: int = 0  # torch intra-op threads for training; 0: all cores
+    # how long a rank waits at a collective (e.g. ranks > 0 while rank 0 generates) before
+    # the process group gives up (slime: --distributed-timeout-minutes)
+    dist_timeout_minutes: float = 60.0
     eval_every: int = 5  # greedy reward on the held-out prompts at step 0, every N steps, at the end (0: off)
     # Weights & Biases (optional, pip install 'colocate[wandb]'): set a project to log there
     wandb_project: str = ""  # empty: no W&B
@@ -289,6 +295,7 @@ def validate(cfg: Config) -> None:
         (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (cfg.run.dist_timeout_minutes > 0, "run.dist_timeout_minutes must be > 0"),
         (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),

@@ -177,9 +177,17 @@ class Session:
         random.setstate(parts["rng"]["python"])
         torch.set_rng_state(parts["rng"]["torch"])
         self.log(f"resumed from step {step}")
-        version = self.state.weight_version
-        self.state.weight_version = version - 1
-        self.sync_weights()  # engine restarts at the base weights: push the trained ones
+
+    def wake_engines(self, resumed: bool) -> None:
+        """Make the engines serve the trainer's weights at the current version, once, after
+        start-up (and a resume). CUDA: the engines released their memory right after they
+        started (``timesharing.release``) and the actor's weights without a host copy, so
+        offload the trainer, wake the engines and push the weights. CPU: push only after a
+        resume (the engine restarted at the base weights). Collective: same on every rank."""
+        if not resumed and self.dist.device.type != "cuda":
+            return
+        self.state.weight_version -= 1  # push_weights counts it up again
+        self.timesharing.wake_and_sync(self.trainer.actor_state_for_sync, self.push_weights)
 
     def close(self) -> None:
         if self.overlap is not None:

@@ -13,12 +13,16 @@ from typing import Iterator, Mapping
 import torch
 
 
-def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
+            dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive groups of named tensors, each at most ``bucket_bytes`` (a single larger
-    tensor gets a bucket of its own)."""
+    tensor gets a bucket of its own); floating tensors cast to ``dtype`` (the engine's) as
+    each bucket is cut, so only one bucket's copy exists at a time."""
     cur: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in state.items():
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
         nbytes = tensor.numel() * tensor.element_size()
         if cur and size + nbytes > bucket_bytes:
             yield cur
@@ -30,5 +34,5 @@ def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iterator[li
 
 
 def sync(engine, state: Mapping[str, torch.Tensor], version: int, bucket_mb: int) -> float:
-    """Load ``state`` into ``engine`` as ``version``; returns seconds taken."""
-    return engine.update_weights(buckets(state, bucket_mb << 20), version=version)
+    """Load ``state`` into ``engine`` as ``version``, in the engine's dtype; returns seconds taken."""
+    return engine.update_weights(buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype)), version=version)

@@ -4,8 +4,8 @@ Owns: the engine configuration (:class:`EngineConfig`), checks that turn bad inp
 one-line :class:`EngineStartError` before SGLang sees it (missing folder, wrong model
 family, non-causal reward model), and :class:`SglangEngine`, an adapter with one method
 per runtime operation colocate needs (streamed generate, abort, embedding/score request,
-bucketed weight update, cache flush, memory release/resume, shutdown of this engine's own
-processes only).
+bucketed weight update, cache flush, memory release/resume (waiting for an idle scheduler
+first, every call guarded), shutdown of this engine's own processes only).
 
 Leaves out: what a rollout or a reward score means (``engine.rollout``,
 ``engine.reward``); SGLang imports (``engine.sglang_api``).
@@ -17,9 +17,10 @@ import asyncio
 import atexit
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Literal, Sequence
+from typing import Any, AsyncIterator, Iterable, Literal, Mapping, Sequence
 
 import psutil
 
@@ -47,6 +48,27 @@ class EngineDiedError(EngineError):
 CPU_MEM_FRACTION = 0.5
 CPU_DEFAULT_POOL_TOKENS = 65536  # KV pool on CPU when max_total_tokens is None
 
+# SGLang's memory tags (sglang.srt.constants), in the order they wake: the weights first
+# (then the new weights are pushed), the KV cache and the CUDA graphs' buffers last, so
+# the memory the trainer just freed is not taken by KV before the push has room.
+WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
+MEMORY_TAGS = (WEIGHTS, KV_CACHE, CUDA_GRAPH)
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def check_allocator_conf(environ: Mapping[str, str]) -> None:
+    """SGLang's memory saver (torch_memory_saver) cannot work with torch's expandable
+    segments; an engine started under ``expandable_segments:True`` (often inherited from a
+    training script) refuses to start deep inside SGLang. Say so in one line instead."""
+    for var in ALLOC_CONF_VARS:
+        for item in environ.get(var, "").split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+                raise EngineStartError(
+                    f"{var} sets expandable_segments:True, which SGLang's memory saver (the engines' "
+                    f"sleep/wake between rollout and training) cannot work with; unset it or set "
+                    f"{var}=expandable_segments:False")
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -65,6 +87,10 @@ class EngineConfig:
     attention_backend: str | None = None  # None: torch_native on CPU, SGLang's pick on GPU
     log_level: str = "error"
     enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
+    # GPU: keep a host copy of the weights while they are released, so they come back with
+    # their contents. On for the reward engine (nothing ever pushes its weights again); off
+    # for the actor, whose weights are pushed after every wake.
+    weights_cpu_backup: bool = False
     # Token counters incl. radix-cache hits (cache_stats). SGLang registers its metrics
     # process-wide and never unregisters them, so at most one engine per process lifetime
     # may turn them on (e.g. a diagnostic reward engine); off by default.
@@ -151,6 +177,7 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
     else:
         kw["mem_fraction_static"] = cfg.mem_fraction_static
         kw["enable_memory_saver"] = cfg.enable_memory_saver
+        kw["enable_weights_cpu_backup"] = cfg.enable_memory_saver and cfg.weights_cpu_backup
         if cfg.attention_backend:
             kw["attention_backend"] = cfg.attention_backend
     return {k: v for k, v in kw.items() if v is not None}
@@ -186,6 +213,8 @@ class SglangEngine:
         self.architecture = check_model(cfg, field)
         platform = sglang_api.prepare(cfg.device)
         self.device = platform.device
+        if platform.device == "cuda" and cfg.enable_memory_saver:
+            check_allocator_conf(os.environ)
         api = sglang_api.load()
         self._api = api
         started = time.perf_counter()
@@ -270,18 +299,23 @@ class SglangEngine:
     # ---- control (sync; call while no request is in flight) --------------------------
     def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int) -> float:
         """Load named tensors bucket by bucket; flush the radix cache on the last bucket.
-        Every request to the scheduler is guarded: a scheduler that dies meanwhile raises
-        :class:`EngineDiedError` instead of leaving the call waiting forever."""
+        Buckets are consumed one at a time (one look-ahead to know the last), so a lazy
+        ``buckets`` keeps at most two bucket copies alive. Every request to the scheduler is
+        guarded: a scheduler that dies meanwhile raises :class:`EngineDiedError` instead of
+        leaving the call waiting forever."""
         started = time.perf_counter()
-        buckets = list(buckets)
         tm = self._engine.tokenizer_manager
         run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None))
         try:
-            for i, bucket in enumerate(buckets):
-                last = i == len(buckets) - 1
+            pending = iter(buckets)
+            bucket = next(pending, None)
+            while bucket is not None:
+                following = next(pending, None)
+                last = following is None
                 ok, message = self._update_bucket(bucket, flush=last, version=version if last else None)
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
+                bucket = following
         finally:
             if self.alive():  # a dead scheduler's error is the one to report
                 run_guarded([self], tm.end_weight_update(self._api.EndWeightUpdateReqInput(), None))
@@ -302,21 +336,41 @@ class SglangEngine:
         (HF name; for checking a sync)."""
         return self._engine.get_weights_by_name(name, truncate)
 
-    def flush_cache(self) -> None:
-        self._engine.flush_cache()
+    def flush_cache(self, timeout_s: float = 0.0) -> bool:
+        """Drop the radix cache. ``timeout_s`` 0: at once, False when SGLang refuses because
+        requests still run or wait; > 0: the scheduler defers the flush until it is idle,
+        False when that took longer than ``timeout_s``."""
+        out = run_guarded([self], self._engine.tokenizer_manager.flush_cache(timeout_s=timeout_s or None))
+        return bool(getattr(out, "success", True))
 
-    def release_memory(self) -> bool:
-        """Free weights and KV cache for training (GPU). Returns False where it is a no-op."""
+    def wait_idle(self, timeout_s: float = 60.0) -> float:
+        """Wait until the scheduler is idle (with a flush SGLang defers until then); returns
+        the seconds waited. Right after the last streamed token, or after aborts, the
+        scheduler may still hold requests for a moment; SGLang asserts idleness before it
+        releases memory, and a scheduler that fails an assertion takes the whole run down.
+        Raises a one-line :class:`EngineError` after ``timeout_s``."""
+        started = time.perf_counter()
+        if not self.flush_cache(timeout_s=timeout_s):
+            raise EngineError(f"the {self.cfg.label} still had requests running after {timeout_s:g} s, "
+                              "so its memory could not be released for training")
+        return time.perf_counter() - started
+
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> bool:
+        """Free ``tags`` (weights, KV cache, CUDA graphs) for training (GPU), once the
+        scheduler is idle. Returns False where it is a no-op (CPU: the memory saver needs CUDA)."""
         if self.device != "cuda":
             return False
-        self._engine.release_memory_occupation()
+        self.wait_idle()
+        obj = self._api.ReleaseMemoryOccupationReqInput(tags=list(tags))
+        run_guarded([self], self._engine.tokenizer_manager.release_memory_occupation(obj, None))
         return True
 
-    def resume_memory(self, tags: list[str] | None = None) -> bool:
-        """Re-allocate ``tags`` (``["weights"]``, ``["kv_cache"]``, or all) on GPU."""
+    def resume_memory(self, tags: Sequence[str]) -> bool:
+        """Re-allocate ``tags`` on GPU (see :data:`MEMORY_TAGS` for the order). CPU: False, no-op."""
         if self.device != "cuda":
             return False
-        self._engine.resume_memory_occupation(tags)
+        obj = self._api.ResumeMemoryOccupationReqInput(tags=list(tags))
+        run_guarded([self], self._engine.tokenizer_manager.resume_memory_occupation(obj, None))
         return True
 
     def shutdown(self) -> None:

@@ -129,6 +129,8 @@ def load() -> SimpleNamespace:
         EmbeddingReqInput,
         EndWeightUpdateReqInput,
         GenerateReqInput,
+        ReleaseMemoryOccupationReqInput,
+        ResumeMemoryOccupationReqInput,
         UpdateWeightsFromTensorReqInput,
     )
     from sglang.srt.utils import MultiprocessingSerializer
@@ -139,6 +141,8 @@ def load() -> SimpleNamespace:
         EndWeightUpdateReqInput=EndWeightUpdateReqInput,
         EmbeddingReqInput=EmbeddingReqInput,
         GenerateReqInput=GenerateReqInput,
+        ReleaseMemoryOccupationReqInput=ReleaseMemoryOccupationReqInput,
+        ResumeMemoryOccupationReqInput=ResumeMemoryOccupationReqInput,
         UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
         MultiprocessingSerializer=MultiprocessingSerializer,
     )

@@ -17,6 +17,7 @@ passes no configuration through the environment).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import socket
 from typing import Any, Iterable
@@ -65,24 +66,28 @@ def init_distributed(
     rank: int | None = None,
     world_size: int | None = None,
     init_method: str | None = None,
+    timeout_s: float | None = None,
 ) -> DistInfo:
     """Join the default process group, creating it if needed; returns this rank's `DistInfo`.
 
     Order: an existing group is reused; explicit `rank`/`world_size`/`init_method` (e.g.
     `torch.multiprocessing.spawn` workers) are used as given; torchrun's env:// rendezvous
     when its variables are present; otherwise a one-process group on a free loopback port.
-    On CUDA each rank uses `cuda:<LOCAL_RANK or rank>`.
+    On CUDA each rank uses `cuda:<LOCAL_RANK or rank>`. ``timeout_s``: how long a
+    collective may wait (None: torch's default, 10 min for NCCL); ranks > 0 wait through
+    rank 0's whole rollout at one.
     """
     kind = torch.device(device).type
     needed = "nccl" if kind == "cuda" else "gloo"
     backend = "cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo"
     if not dist.is_initialized():
+        kw = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
         if init_method is not None:
-            dist.init_process_group(backend, init_method=init_method, rank=rank or 0, world_size=world_size or 1)
+            dist.init_process_group(backend, init_method=init_method, rank=rank or 0, world_size=world_size or 1, **kw)
         elif all(key in os.environ for key in _TORCHRUN_KEYS):
-            dist.init_process_group(backend, init_method="env://")
+            dist.init_process_group(backend, init_method="env://", **kw)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, **kw)
     if needed not in dist.get_backend():
         raise TrainerError(f"a {dist.get_backend()} process group exists, but device {device} needs {needed}")
     info_rank, info_world = dist.get_rank(), dist.get_world_size()

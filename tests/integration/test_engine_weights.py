@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -56,3 +58,25 @@ def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine
     again = Sample(0, PROMPT, 12)
     run(rollout.generate(actor_engine, [again], GREEDY, "wbak"))
     assert again.output_ids == before.output_ids
+
+
+def test_wait_idle_waits_for_a_running_request_and_gives_up_in_one_line(actor_engine):
+    """SGLang releases memory only from an idle scheduler (it asserts it, and a failed
+    assertion takes the run down), so a release first waits for a flush the scheduler
+    defers until it is idle. A flush is refused while a request runs, on CPU as on CUDA."""
+    from colocate.engine.errors import EngineError
+
+    loop = actor_engine.loop
+    sample = Sample(0, PROMPT, 900)
+    task = loop.create_task(rollout.generate(actor_engine, [sample], GREEDY, "wbusy"))
+    loop.run_until_complete(asyncio.sleep(0.3))  # the request is running now
+    assert actor_engine.flush_cache() is False  # refused at once while it runs
+    with pytest.raises(EngineError) as err:
+        actor_engine.wait_idle(timeout_s=0.05)
+    assert "\n" not in str(err.value) and "still had requests running after 0.05 s" in str(err.value)
+    actor_engine.wait_idle(timeout_s=120)
+    assert actor_engine.flush_cache() is True  # it returned once the scheduler was idle
+    loop.run_until_complete(task)
+    assert len(sample.output_ids) == 900  # the request ran to its end: waiting aborts nothing
+    assert actor_engine.wait_idle(timeout_s=1) < 1  # idle now: flushed at once
+    assert actor_engine.release_memory() is False and actor_engine.resume_memory(["weights"]) is False  # CPU

@@ -1,0 +1,156 @@
+"""The CUDA time-sharing decisions that need no GPU: the kwargs each engine gets per role
+and device, the sleep/wake call order with every memory tag, the allocator check, the
+engine dtype and the cast on the way into the engine.
+
+The call order is read from recorders standing in for the engines and the trainer: on CPU
+SGLang's memory saver is a no-op, so the order is the only thing that can be checked here
+(docs/architecture.md, "Time-sharing on CUDA", says what ran where)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from colocate import builder, timesharing, weight_sync
+from colocate.config import load_config
+from colocate.engine.runtime import (MEMORY_TAGS, EngineConfig, EngineStartError, _server_kwargs,
+                                     check_allocator_conf)
+from colocate.errors import ConfigError
+
+
+def test_reward_engine_sleeps_with_a_host_copy_of_its_weights_on_cuda_only():
+    cfg = load_config(overrides=["engines.device=cuda"])
+    actor, reward = builder.engine_configs(cfg, "/m/actor", "/m/rm")
+    on_cuda = {role: _server_kwargs(c, "cuda") for role, c in (("actor", actor), ("reward", reward))}
+    assert on_cuda["reward"]["enable_weights_cpu_backup"] is True  # nothing pushes its weights again
+    assert on_cuda["actor"]["enable_weights_cpu_backup"] is False  # pushed after every wake
+    assert on_cuda["actor"]["enable_memory_saver"] and on_cuda["reward"]["enable_memory_saver"]
+    assert on_cuda["reward"]["is_embedding"] and "is_embedding" not in on_cuda["actor"]
+    assert on_cuda["actor"]["dtype"] == on_cuda["reward"]["dtype"] == "bfloat16"
+    on_cpu = _server_kwargs(reward, "cpu")
+    assert "enable_memory_saver" not in on_cpu and "enable_weights_cpu_backup" not in on_cpu
+    assert on_cpu["disable_cuda_graph"] and on_cpu["attention_backend"] == "torch_native"
+    # no memory saver: no backup either (SGLang would keep a host copy for nothing)
+    plain = EngineConfig("/m/rm", role="reward", enable_memory_saver=False, weights_cpu_backup=True)
+    assert _server_kwargs(plain, "cuda")["enable_weights_cpu_backup"] is False
+
+
+@pytest.mark.parametrize("overrides, cuda_available, want", [
+    ([], False, "float32"),  # CPU: the trainer's dtype, the exact path
+    ([], True, "bfloat16"),  # auto device on a CUDA machine
+    (["engines.device=cuda"], False, "bfloat16"),
+    (["engines.device=cpu"], True, "float32"),
+    (["models.dtype=bfloat16"], False, "bfloat16"),
+    (["engines.dtype=float16"], True, "float16"),  # explicit wins
+    (["engines.dtype=float32", "engines.device=cuda"], True, "float32"),
+])
+def test_engine_dtype(overrides, cuda_available, want):
+    assert builder.engine_dtype(load_config(overrides=overrides), cuda_available) == want
+
+
+def test_engine_dtype_and_dist_timeout_are_checked():
+    with pytest.raises(ConfigError, match="engines.dtype"):
+        load_config(overrides=["engines.dtype=fp8"])
+    with pytest.raises(ConfigError, match="run.dist_timeout_minutes must be > 0"):
+        load_config(overrides=["run.dist_timeout_minutes=0"])
+
+
+@pytest.mark.parametrize("env, refused", [
+    ({}, None),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "PYTORCH_CUDA_ALLOC_CONF"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments : true"}, "PYTORCH_CUDA_ALLOC_CONF"),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "PYTORCH_ALLOC_CONF"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, None),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, None),
+])
+def test_allocator_setting_that_breaks_the_memory_saver_is_one_line(env, refused):
+    if refused is None:
+        check_allocator_conf(env)
+        return
+    with pytest.raises(EngineStartError) as err:
+        check_allocator_conf(env)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(refused) and "expandable_segments:False" in text
+
+
+class _Engine:
+    """Records the memory calls a CUDA engine would get."""
+
+    def __init__(self, name: str, calls: list, device: str = "cuda"):
+        self.name, self.calls, self.device = name, calls, device
+
+    def release_memory(self, tags):
+        self.calls.append((self.name, "release", tuple(tags)))
+        return self.device == "cuda"
+
+    def resume_memory(self, tags):
+        self.calls.append((self.name, "resume", tuple(tags)))
+        return self.device == "cuda"
+
+
+class _Trainer:
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def onload(self):
+        self.calls.append(("trainer", "onload"))
+
+    def offload(self):
+        self.calls.append(("trainer", "offload"))
+
+
+def test_sleep_releases_every_tag_of_every_engine_and_wake_is_staged():
+    calls: list = []
+    actor, reward = _Engine("actor", calls), _Engine("reward", calls)
+    ts = timesharing.TimeSharing([actor, None, reward], _Trainer(calls), log=calls.append)
+    assert ts.active and calls == []  # nothing said on CUDA
+
+    ts.sleep_engines()
+    assert set(MEMORY_TAGS) == {"weights", "kv_cache", "cuda_graph"}
+    assert calls == [("actor", "release", MEMORY_TAGS), ("reward", "release", MEMORY_TAGS), ("trainer", "onload")]
+
+    calls.clear()
+    seconds = ts.wake_and_sync(lambda: calls.append(("trainer", "gather")) or {"w": 1},
+                               lambda state: calls.append(("actor", "push", tuple(state))) or 2.5)
+    assert seconds >= 2.5
+    assert calls == [
+        ("trainer", "gather"),  # while FSDP still holds its shards on the device
+        ("trainer", "offload"),
+        ("actor", "resume", ("weights",)), ("reward", "resume", ("weights",)),
+        ("actor", "push", ("w",)),
+        ("actor", "resume", ("kv_cache", "cuda_graph")), ("reward", "resume", ("kv_cache", "cuda_graph")),
+    ]
+    # every tag released is resumed
+    resumed = {t for c in calls if c[1] == "resume" for t in c[2]}
+    assert resumed == set(MEMORY_TAGS)
+
+
+def test_on_cpu_the_engines_are_never_released_and_it_is_said_once():
+    calls: list = []
+    said: list = []
+    ts = timesharing.TimeSharing([_Engine("actor", calls, device="cpu")], _Trainer(calls), log=said.append)
+    assert not ts.active and len(said) == 1 and "no-ops" in said[0]
+    ts.sleep_engines()
+    ts.wake_and_sync(lambda: {}, lambda state: 0.0)
+    assert calls == [("trainer", "onload"), ("trainer", "offload")]
+
+
+def test_release_at_start_reports_whether_anything_was_released():
+    calls: list = []
+    assert timesharing.release([_Engine("actor", calls), None]) is True
+    assert calls == [("actor", "release", MEMORY_TAGS)]
+    assert timesharing.release([_Engine("actor", [], device="cpu")]) is False
+    assert timesharing.release([None]) is False
+
+
+def test_weights_are_cast_to_the_engine_dtype_bucket_by_bucket():
+    state = {"a": torch.ones(256, dtype=torch.float32), "b": torch.ones(256, dtype=torch.float32),
+             "steps": torch.arange(4)}
+    cast = list(weight_sync.buckets(state, 1024, torch.bfloat16))
+    # 256 bf16 values are 512 bytes: a and b share one 1 KiB bucket (as float32 they would not)
+    assert [[n for n, _ in b] for b in cast] == [["a", "b"], ["steps"]]
+    assert all(t.dtype == torch.bfloat16 for b in cast[:1] for _, t in b)
+    assert cast[1][0][1].dtype == torch.int64  # integer buffers keep their dtype
+    plain = list(weight_sync.buckets(state, 1024))
+    assert [[n for n, _ in b] for b in plain] == [["a"], ["b"], ["steps"]]
+    assert plain[0][0][1].dtype == torch.float32
