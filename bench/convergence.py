@@ -11,7 +11,8 @@ not training and are left out; they cost every mode the same). The target is the
 sequential run's final held-out reward; each mode's time to reward is the training time
 at its first evaluation at or above it ("not reached" otherwise). Between steps the
 contention guard records the others' CPU load and can wait for a quiet machine. Each run's
-median step time and peak resident memory (``mem/rss_mb``) are reported beside it.
+median step time, training state (``mem/train_state_mb``) and peak resident memory
+(``mem/rss_mb``) are reported beside it.
 
 Owns: the runs' configs, running them, the curve and time-to-reward arithmetic (pure
 functions), the markdown section. Leaves out: the plot (``bench.plots``), throughput.
@@ -79,6 +80,8 @@ def summarize(curves: dict[str, list[dict[str, float]]], contended: dict[str, in
             steps = sorted(r["step_s"] for r in recs if "step_s" in r and "skipped" not in r)
             modes[mode]["step_s_median"] = statistics.median(steps) if steps else math.nan
             modes[mode]["rss_mb_peak"] = max((r.get("mem/rss_mb", math.nan) for r in recs), default=math.nan)
+            modes[mode]["train_state_mb"] = max((r.get("mem/train_state_mb", math.nan) for r in recs),
+                                                default=math.nan)
     return {"base": base, "target": target, "modes": modes}
 
 
@@ -96,9 +99,12 @@ def markdown(summary: dict[str, Any], plot: str | None = None) -> str:
         lines.append(f"| {mode} | {m['steps']} | {m['final_reward']:+.3f} | {m['train_seconds']:.1f} | "
                      f"{reached} | {speed} | {m['contended_steps']} |")
     if any("step_s_median" in m for m in summary["modes"].values()):
-        lines += ["", "| run | median step s | peak RSS MB |", "|---|---|---|"]
-        lines += [f"| {mode} | {m['step_s_median']:.1f} | {m['rss_mb_peak']:.0f} |"
+        lines += ["", "| run | median step s | training state MB | peak RSS MB (process tree) |", "|---|---|---|---|"]
+        lines += [f"| {mode} | {m['step_s_median']:.1f} | {m['train_state_mb']:.0f} | {m['rss_mb_peak']:.0f} |"
                   for mode, m in summary["modes"].items() if "step_s_median" in m]
+        lines += ["", "Training state: parameters, gradients and optimizer moments the trainer holds (exact, "
+                  "per run). The runs share one process, one after the other, so a later run's RSS can "
+                  "still hold memory an earlier one freed: compare memory by the training state."]
     if plot:
         lines += ["", f"![convergence]({plot})"]
     return "\n".join(lines)

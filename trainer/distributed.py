@@ -133,6 +133,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return unaliased(get_model_state_dict(model, options=options), model.parameters())
 
 
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank holds of ``tensor`` (its local shard for a DTensor)."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
 def _storage(tensor: torch.Tensor) -> int:
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.untyped_storage().data_ptr()

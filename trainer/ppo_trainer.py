@@ -43,7 +43,8 @@ from .estimators import outcome_advantages
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
-from .distributed import DistInfo, all_reduce_sum, broadcast_object, full_state_dict, init_distributed, shard_model
+from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, init_distributed,
+                          local_bytes, shard_model)
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
@@ -294,6 +295,19 @@ class PPOTrainer:
         else:
             self._move_plainly(self.dist.device)
         return True
+
+    def state_mb(self) -> float:
+        """MiB of training state this rank holds: every model's parameters and gradients
+        (local shards) and the optimizers' moments. Bookkeeping, no collective; unlike the
+        process RSS it does not carry memory an earlier run in the same process freed."""
+        total = 0
+        for model in self._models():
+            for p in model.parameters():
+                total += local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0)
+        for optim in self._optimizers():
+            for state in optim.state.values():
+                total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+        return total / 2**20
 
     def _models(self) -> tuple[nn.Module, ...]:
         return tuple(m for m in (self.actor, self.ref, self.critic) if m is not None)

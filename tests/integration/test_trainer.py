@@ -401,6 +401,13 @@ def test_critic_free_trainer_has_no_critic_and_uses_group_baselines(world1, tiny
     torch.testing.assert_close(returns[:, 0], total)
     stats = trainer.train_actor(batch, old, adv, current_version=0)
     assert math.isfinite(stats["policy_loss"]) and stats["grad_norm"] > 0
+    # no critic in memory: after one update each, the PPO trainer holds the critic's
+    # parameters, gradients and Adam moments on top of the same actor and reference
+    ppo = PPOTrainer(settings_for(tiny_actor_path), world1)
+    ppo_step(ppo, rollout_batch(3))
+    critic = sum(p.numel() * p.element_size() for p in ppo.critic.parameters()) / 2**20
+    extra = ppo.state_mb() - trainer.state_mb()
+    assert 3 * critic <= extra <= 4.01 * critic  # params and 2 Adam moments (+ grads unless freed)
 
 
 def test_kl_in_loss_adds_k3_to_the_actor_loss_not_to_the_reward(world1, tiny_actor_path):

@@ -79,14 +79,17 @@ def test_variants_run_sequential_unless_they_set_a_mode(tmp_path):
     assert cfgs["sequential"].ppo.advantage == "gae"
 
 
-def test_summary_gives_median_step_time_and_peak_rss_per_run():
+def test_summary_gives_median_step_time_training_state_and_peak_rss_per_run():
     curves = {"sequential": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 2, "seconds": 9.0, "reward": 0.5}],
               "grpo": [{"step": 0, "seconds": 0.0, "reward": 0.0}, {"step": 2, "seconds": 5.0, "reward": 0.6}]}
-    metrics = {"sequential": [{"step": 1, "step_s": 4.0, "mem/rss_mb": 900.0}, {"step": 2, "step_s": 5.0, "mem/rss_mb": 950.0}],
-               "grpo": [{"step": 1, "step_s": 2.0, "mem/rss_mb": 600.0}, {"step": 2, "step_s": 3.0, "mem/rss_mb": 610.0},
+    metrics = {"sequential": [{"step": 1, "step_s": 4.0, "mem/rss_mb": 900.0, "mem/train_state_mb": 300.0},
+                              {"step": 2, "step_s": 5.0, "mem/rss_mb": 950.0, "mem/train_state_mb": 320.0}],
+               "grpo": [{"step": 1, "step_s": 2.0, "mem/rss_mb": 600.0, "mem/train_state_mb": 150.0},
+                        {"step": 2, "step_s": 3.0, "mem/rss_mb": 610.0, "mem/train_state_mb": 160.0},
                         {"step": 3, "skipped": "nan", "step_s": 0.1}]}
     s = summarize(curves, metrics=metrics)
-    assert s["modes"]["sequential"]["step_s_median"] == 4.5 and s["modes"]["sequential"]["rss_mb_peak"] == 950.0
-    assert s["modes"]["grpo"]["step_s_median"] == 2.5 and s["modes"]["grpo"]["rss_mb_peak"] == 610.0
+    seq, grpo = s["modes"]["sequential"], s["modes"]["grpo"]
+    assert (seq["step_s_median"], seq["rss_mb_peak"], seq["train_state_mb"]) == (4.5, 950.0, 320.0)
+    assert (grpo["step_s_median"], grpo["rss_mb_peak"], grpo["train_state_mb"]) == (2.5, 610.0, 160.0)
     text = markdown(s)
-    assert "| grpo | 2.5 | 610 |" in text and "| sequential | 4.5 | 950 |" in text
+    assert "| grpo | 2.5 | 160 | 610 |" in text and "| sequential | 4.5 | 320 | 950 |" in text
