@@ -141,7 +141,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
           log: Callable[[str], None] = print) -> Session:
     from transformers import AutoTokenizer
 
-    from colocate.engine.runtime import check_remote_code
+    from colocate.engine.start_checks import check_remote_code
     from colocate.trainer.distributed import init_distributed
     from colocate.trainer.kl_control import make_kl_controller
 

@@ -18,3 +18,7 @@ class EngineConfigError(EngineError):
 class RewardRequestError(EngineError):
     """The reward engine refused or failed one scoring request; the message names the
     request (step, sample) and the cause."""
+
+
+class EngineStartError(EngineError):
+    """An engine could not be started; the message is one line naming the cause."""

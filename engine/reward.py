@@ -4,7 +4,7 @@ Owns: scoring a finished sequence, and :class:`IncrementalScorer`, which scores 
 sequence that grows chunk by chunk (prompt, prompt+chunk1, ...). Each call sends the
 whole prefix; the reward engine's radix cache holds the earlier prefix, so only the new
 chunk is prefilled. This is exact only for a causal reward model, which
-``engine.runtime.check_model`` enforces.
+``engine.start_checks.check_model`` enforces.
 
 A request the reward engine refuses or fails (SGLang raises a ``ValueError`` for an input
 longer than the model's context) becomes one :class:`RewardRequestError` line naming the

@@ -49,7 +49,7 @@ _DIED = ("Rank 0 scheduler died during initialization (exit code: {code}). If ex
 def test_start_failures_get_the_hint_that_fits(text, hint):
     """A scheduler that died with exit code 1 is a Python error in SGLang, not memory, even
     though SGLang's message mentions the OOM killer."""
-    from colocate.engine.runtime import start_error
+    from colocate.engine.start_checks import start_error
 
     err = start_error(EngineConfig("/models/a", role="actor"), RuntimeError(text))
     assert str(err).startswith(f"could not start the actor engine (/models/a): {hint}")

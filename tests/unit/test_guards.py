@@ -41,7 +41,7 @@ def test_world_size_split(batch, minibatches, world, ok):
 def test_model_that_ships_code_needs_trust_remote_code(tmp_path):
     import json
 
-    from colocate.engine.runtime import EngineStartError, check_remote_code
+    from colocate.engine.start_checks import EngineStartError, check_remote_code
 
     folder = tmp_path / "custom"
     folder.mkdir()
