@@ -23,7 +23,6 @@ from colocate.model_aliases import resolve_model
 from colocate.preflight import check_contexts
 from colocate.session import RunState, Session, tokenize_prompts
 from colocate import timesharing
-from colocate.timesharing import TimeSharing
 
 
 def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
@@ -175,17 +174,11 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         actor, reward = _engines(cfg, actor_cfg, reward_cfg)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
             + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
-        try:  # CUDA: give the device back before the trainer loads; they wake in wake_engines
-            timesharing.release([actor, reward])
-        except BaseException:
-            for eng in (reward, actor):
-                if eng is not None:
-                    eng.shutdown()
-            raise
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
     # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
     random.seed(cfg.run.seed)
     try:
+        timesharing.release([actor, reward])  # CUDA: the device back before the trainer loads (woken in wake_engines)
         trainer = make_trainer(cfg, actor_path, critic_path, dist)
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
@@ -197,7 +190,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
             overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
-                          RunState(), TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,
+                          RunState(), timesharing.TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,
                           eval_prompts=eval_prompts, reward_errors=reward_errors)
         if resume is not None:
             session.restore(Path(resume))
