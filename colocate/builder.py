@@ -1,9 +1,10 @@
 """Construct a :class:`~colocate.session.Session` from a config.
 
-Owns the start-up order: distributed group → model folders → SGLang engines on rank 0
-(before FSDP sharding, so the engines' spawned schedulers never inherit a process group),
-released at once on CUDA → trainer → prompts and reward functions → optional resume →
-engines woken with the trainer's weights (CUDA, or after a resume).
+Owns the start-up order: distributed group → model folders → SGLang engines on every
+engine rank (``colocate.placement``; before FSDP sharding, so the engines' spawned
+schedulers never inherit a process group), released at once on CUDA → trainer → prompts
+and reward functions → optional resume → engines woken with the trainer's weights (CUDA,
+or after a resume).
 Leaves out: the step (``colocate.loop``).
 """
 
@@ -20,6 +21,7 @@ from colocate.errors import ConfigError
 from colocate.guards import check_world_size
 from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.model_aliases import resolve_model
+from colocate.placement import Placement, placement_of
 from colocate.preflight import check_contexts
 from colocate.session import RunState, Session, tokenize_prompts
 from colocate import timesharing
@@ -47,23 +49,28 @@ def engine_dtype(cfg: Config, cuda_available: bool) -> str:
     return "bfloat16" if on_cuda else cfg.models.dtype
 
 
-def engine_configs(cfg: Config, actor_path: str, reward_path: str | None):
-    """(actor, reward) `EngineConfig`s of ``cfg``; reward is None without a reward model."""
+def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placement: Placement = Placement()):
+    """(actor, reward) `EngineConfig`s of ``cfg`` for the engines of ``placement``'s rank
+    (its GPU, its share of the CPU cores, ports of its own when several ranks share the
+    node); reward is None without a reward model."""
     import os
 
     from colocate.engine.runtime import EngineConfig
 
     e = cfg.engines
-    actor_threads, reward_threads = engine_threads(cfg, len(os.sched_getaffinity(0)))
+    actor_threads, reward_threads = engine_threads(cfg, placement.engine_cores(len(os.sched_getaffinity(0))))
+    shared_node = placement.local_world > placement.tp_size
     common = dict(device=e.device, dtype=engine_dtype(cfg, torch.cuda.is_available()), seed=cfg.run.seed,
                   mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
-                  trust_remote_code=cfg.models.trust_remote_code)
+                  trust_remote_code=cfg.models.trust_remote_code, base_gpu_id=placement.gpu_id,
+                  tp_size=e.tp_size)
     actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
-                         threads=actor_threads, **common)
+                         threads=actor_threads, nccl_port=placement.nccl_port("actor") if shared_node else None,
+                         **common)
     # the reward model's weights are never pushed again: they sleep with a host copy (CUDA)
     reward = None if reward_path is None else EngineConfig(
         reward_path, role="reward", max_total_tokens=e.reward_max_total_tokens, threads=reward_threads,
-        weights_cpu_backup=True, **common)
+        weights_cpu_backup=True, nccl_port=placement.nccl_port("reward") if shared_node else None, **common)
     return actor, reward
 
 
@@ -136,6 +143,10 @@ def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
     return fns
 
 
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0."""
+
+
 def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
           log: Callable[[str], None] = print) -> Session:
     from transformers import AutoTokenizer
@@ -153,7 +164,13 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     device = cfg.engines.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and cfg.engines.tp_size > 1:
+        raise ConfigError(f"engines.tp_size: {cfg.engines.tp_size} needs CUDA engines; on CPU each rank's engine "
+                          "runs alone (tp_size 1)")
     dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
+    placement = placement_of(dist, cfg.engines.tp_size)
+    if dist.rank != 0:
+        log = _quiet  # rank 0 speaks for the run
     actor_path = resolve_model(cfg.models.actor, "models.actor")
     use_rm = cfg.reward.kind == "model"
     reward_path = resolve_model(cfg.models.reward, "models.reward") if use_rm else None
@@ -163,17 +180,19 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if path is not None:
             check_remote_code(path, field, trusted)
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
+    share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
     reward_errors = RewardFnErrors()
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts, eval_prompts = _data(cfg, tokenizer)
     actor = reward = overlap = None
-    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path)
+    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
-    if dist.rank == 0:
+    if placement.hosts_engines:
         actor, reward = _engines(cfg, actor_cfg, reward_cfg)
         log(f"engines up: actor {actor.start_seconds:.1f} s"
-            + (f", reward {reward.start_seconds:.1f} s" if reward else ""))
+            + (f", reward {reward.start_seconds:.1f} s" if reward else "")
+            + (f" (and on each of the other {placement.engine_ranks - 1} engine ranks)" if placement.engine_ranks > 1 else ""))
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
     # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
     random.seed(cfg.run.seed)
@@ -184,14 +203,14 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)
         overlap = None
-        if dist.rank == 0 and cfg.overlap.mode != "sequential":
+        if placement.hosts_engines and cfg.overlap.mode != "sequential":
             from colocate.overlap_phase import Overlap
 
             overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
-                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), timesharing.TimeSharing([actor, reward], trainer, log), out_dir, log, overlap,
-                          eval_prompts=eval_prompts, reward_errors=reward_errors)
+                          eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)

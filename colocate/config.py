@@ -109,6 +109,10 @@ class EnginesConfig:
     actor_threads: int = 0
     reward_threads: int = 0
     log_level: str = "error"
+    # CUDA: GPUs per engine. Each training rank runs its own actor and reward engine on its
+    # GPU (1, the default); n > 1: the first rank of every n ranks of a node runs an n-way
+    # tensor-parallel engine over those GPUs and the others only train.
+    tp_size: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

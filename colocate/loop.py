@@ -4,8 +4,9 @@ generate → score → ref logp, old logp, values → advantages → critic and 
 weight sync (with the sleep/wake order of ``colocate.timesharing``) → KL control →
 metrics → checkpoint. A critic-free estimator (``ppo.advantage``) has no values pass and
 no critic epochs. Every mode hands the step a ``StepRollout`` of scored samples (whole
-groups); rank 0 runs the engines and broadcasts it to the other ranks; every rank trains
-its FSDP shard.
+groups): each engine rank generates and scores its share on its own engines, the shares
+are joined into one batch on every rank (``colocate.rank_rollouts``), and every rank
+trains its FSDP shard of it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from colocate import metrics as mlog
+from colocate import rank_rollouts
 from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
@@ -26,17 +28,21 @@ StepCallback = Callable[[dict[str, Any]], None]
 
 
 def rollout(s: Session) -> StepRollout | None:
-    """Generate and score a batch on rank 0 (``None`` on other ranks)."""
-    if s.overlap is not None:
-        return s.overlap.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
-    samples = [s.new_sample(i) for i in range(s.cfg.rollout.batch_size)]
-    if not s.is_main:
+    """Generate and score this rank's share of the batch on its engines (``None`` on a rank
+    without engines)."""
+    if s.actor is None:
         return None
-    seconds = run_sequential(
-        s.actor, samples, _sampling(s), s.state.step,
-        reward_engine=s.reward_engine, reward_fns=s.reward_fns,
-        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
-    return StepRollout(samples, seconds, rollout_stats(samples))
+    served = s.engine_requests()
+    if s.overlap is not None:
+        part = s.overlap.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
+    else:
+        samples = [s.new_sample(i) for i in range(s.placement.share(s.cfg.rollout.batch_size, s.cfg.rollout.group_size))]
+        seconds = run_sequential(
+            s.actor, samples, _sampling(s), s.state.step,
+            reward_engine=s.reward_engine, reward_fns=s.reward_fns,
+            decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
+        part = StepRollout(samples, seconds, rollout_stats(samples))
+    return part.with_stats(s.requests_since(served))
 
 
 def _sampling(s: Session) -> dict[str, Any]:
@@ -47,11 +53,10 @@ def _sampling(s: Session) -> dict[str, Any]:
 def step(s: Session) -> dict[str, Any]:
     """One PPO step; returns its metrics."""
     from colocate.trainer.batch import make_batch
-    from colocate.trainer.distributed import broadcast_object
 
     timer, t_step = PhaseTimer(), time.perf_counter()
     s.begin_step()
-    data = broadcast_object(rollout(s), s.dist)
+    data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
     timer.seconds.update(data.seconds)
     samples = data.samples
     scores = [x.score * s.cfg.reward.scale for x in samples]
@@ -90,7 +95,7 @@ def step(s: Session) -> dict[str, Any]:
         s.overlap.observe_reward(statistics.fmean(scores))
     s.state.step += 1
     s.set_phase("sync")
-    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.trainer.actor_state_for_sync, s.push_weights)
+    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.gather_weights, s.push_weights)
     s.set_phase("idle")
     return _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
 
@@ -143,8 +148,8 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
         if s.state.step == 0:
             _maybe_evaluate(s, log)
         while s.state.step < s.cfg.run.steps:
-            if stop is not None and stop.requested:
-                s.log(f"stop requested ({stop.reason}): checkpointing step {s.state.step}")
+            if _stopping(s, stop):
+                s.log(f"stop requested ({stop.reason or 'on another rank'}): checkpointing step {s.state.step}")
                 if saved_at != s.state.step:
                     s.save_checkpoint()
                 break
@@ -170,6 +175,15 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
         # a resumed run: all its steps
         log.close(mlog.run_summary(mlog.read(log.path) or history, mlog.read(log.path.parent / "eval.jsonl")))
     return history
+
+
+def _stopping(s: Session, stop) -> bool:
+    """Whether any rank was asked to stop: the ranks agree at each step boundary, so none
+    goes on alone into a step the others left."""
+    from colocate.trainer.distributed import all_gather_object
+
+    asked = stop is not None and stop.requested
+    return any(all_gather_object(asked, s.dist)) if s.dist.world_size > 1 else asked
 
 
 def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:

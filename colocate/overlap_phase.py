@@ -39,10 +39,10 @@ from colocate.engine.streamed import FeederLostError, ScoreClient
 EVAL_STEP_BASE = 1 << 40  # feeder step ids of held-out evaluations (training steps stay below)
 
 
-def _scheduler_config(cfg: Config) -> SchedulerConfig:
+def _scheduler_config(cfg: Config, batch_size: int) -> SchedulerConfig:
     o = cfg.overlap
     delta = o.delta_init if o.deferral else 0
-    return SchedulerConfig(batch_size=cfg.rollout.batch_size, delta_init=delta,
+    return SchedulerConfig(batch_size=batch_size, delta_init=delta,
                            delta_min=o.delta_min if o.deferral else 0,
                            delta_max=o.delta_max if o.deferral else 0, window=o.window,
                            adaptive=o.delta_adaptive and o.deferral, max_staleness_versions=o.drop_staleness,
@@ -50,14 +50,15 @@ def _scheduler_config(cfg: Config) -> SchedulerConfig:
 
 
 class Overlap:
-    """Scheduler + tuner + feeder for one run (rank 0)."""
+    """Scheduler + tuner + feeder of one engine rank; ``batch_size``: the samples it trains
+    per step (its share of ``rollout.batch_size``); Δ counts per rank."""
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
-                 reward_fns: Sequence[RewardFn] = (), decode=None):
+                 reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         self.reward_fns, self.decode = list(reward_fns), decode
         o = cfg.overlap
-        self.scheduler = LengthAwareScheduler(_scheduler_config(cfg))
+        self.scheduler = LengthAwareScheduler(_scheduler_config(cfg, batch_size or cfg.rollout.batch_size))
         fixed = o.chunk_size or o.candidates[0]
         self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
                                                      adaptive=o.chunk_size == 0, fixed=fixed))

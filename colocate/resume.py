@@ -153,7 +153,10 @@ def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, S
             f"--resume: checkpoint '{where}' holds {held} ({_count(saved):,} parameters) but {key} is "
             f"'{_spec(part, configured)}' ({_count(live[part]):,} parameters; {diff}); "
             f"resume with the run's {key} or start a new run")
-    deferred = ((parts.get("overlap") or {}).get("scheduler") or {}).get("deferred") or []
+    from colocate.rank_rollouts import saved_states
+
+    deferred = [d for state in saved_states(parts)[1]
+                for d in ((state["overlap"] or {}).get("scheduler") or {}).get("deferred") or []]
     if deferred and cfg.overlap.mode == "sequential":
         raise ConfigError(f"overlap.mode=sequential would drop the {len(deferred)} deferred samples of "
                           f"checkpoint '{where}'; resume with overlap.mode=inter, intra or oppo")

@@ -1,4 +1,4 @@
-"""The generate and score phases of one PPO step (rank 0, where the engines live).
+"""The generate and score phases of one PPO step (on each engine rank, its share).
 
 Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
 :func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
@@ -39,6 +39,9 @@ class StepRollout:
     samples: list[Sample]
     seconds: dict[str, float]
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def with_stats(self, extra: dict[str, float]) -> "StepRollout":
+        return dataclasses.replace(self, stats={**self.stats, **extra})
 
 
 def response_budget(rollout_cfg, seed: int, position: int) -> int:

@@ -1,11 +1,12 @@
 """What a PPO run holds between steps, and the operations on it.
 
-Owns: :class:`Session` (config, process group, trainer, engines on rank 0, prompts, KL
-controller, :class:`RunState`), the plain-Python snapshot that lets a failed rollout
-checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
-controller, data position, weight version, RNG, the deferred buffer) and pushing the actor
-weights into the engine. Leaves out: construction and start-up order (``colocate.builder``)
-and the step itself (``colocate.loop``).
+Owns: :class:`Session` (config, process group, placement, trainer, this rank's engines,
+prompts, KL controller, :class:`RunState`), the plain-Python snapshot that lets a failed
+rollout checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
+controller, weight version, RNG, and every engine rank's prompt stream position and
+deferred buffer) and pushing the actor weights into this rank's engine. Leaves out:
+construction and start-up order (``colocate.builder``), where engines run
+(``colocate.placement``) and the step itself (``colocate.loop``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from colocate import checkpoint, weight_sync
+from colocate import checkpoint, rank_rollouts, weight_sync
 from colocate.config import Config
 from colocate.errors import ConfigError
+from colocate.placement import Placement
 from colocate.resume import check_checkpoint, shapes
 from colocate.reward_fns import RewardFnErrors
 from colocate.rollout_phase import Prompt, RewardFn
@@ -32,7 +34,8 @@ class RunState:
     """Plain-Python progress of a run; saved in every checkpoint."""
 
     step: int = 0
-    data_pos: int = 0
+    data_pos: int = 0  # groups this rank has drawn from its prompt stream
+    data_base: int = 0  # where the engine ranks' prompt streams start (Placement.position)
     weight_version: int = 0
     kl: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -63,7 +66,7 @@ class Session:
     cfg: Config
     dist: Any
     trainer: Any
-    actor: Any  # SglangEngine on rank 0, None elsewhere
+    actor: Any  # this rank's SglangEngine; None on a rank without engines (Placement.hosts_engines)
     reward_engine: Any
     reward_fns: list[RewardFn]
     tokenizer: Any
@@ -73,12 +76,13 @@ class Session:
     timesharing: TimeSharing
     out_dir: Path
     log: Callable[[str], None]
-    overlap: Any = None  # colocate.overlap_phase.Overlap on rank 0 in the overlapped modes
+    overlap: Any = None  # colocate.overlap_phase.Overlap on each engine rank in the overlapped modes
     phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
     _snapshot: dict[str, Any] | None = None
     on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
     eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
+    placement: Placement = Placement()  # who generates where (one rank: everything here)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -115,33 +119,47 @@ class Session:
         return self.dist.rank == 0
 
     def new_sample(self, index: int):  # noqa: ANN201 - engine.rollout.Sample
-        """Sample ``index``: member ``index % n`` of group ``index // n`` (n =
-        ``rollout.group_size``). The group's first member draws the next prompt of a fixed,
-        seeded cycle over the prompt set; the others share it. Each member gets its own
-        token budget (``response_budget`` at draw ``position * n + member``). Call in
-        ascending index order."""
+        """Sample ``index`` (local to this rank): member ``index % n`` of group ``index // n``
+        (n = ``rollout.group_size``). The group's first member draws the next prompt of this
+        rank's stream (``Placement.position``) through a fixed, seeded cycle over the prompt
+        set; the others share it. Each member gets its own token budget (``response_budget``
+        at draw ``position * n + member``). Call in ascending index order."""
         from colocate.engine.rollout import Sample
         from colocate.rollout_phase import response_budget
 
         n = self.cfg.rollout.group_size
         if index % n == 0:
             self.state.data_pos += 1
-        pos = self.state.data_pos - 1
+        pos = self.placement.position(self.state.data_base, self.state.data_pos - 1)
         prompt = self.prompts[pos % len(self.prompts)]
         budget = response_budget(self.cfg.rollout, self.cfg.run.seed, pos * n + index % n)
         return Sample(index, list(prompt.ids), budget, group=index // n if n > 1 else None, record=dict(prompt.record))
 
     def sync_weights(self) -> float:
-        """Push the trainer's actor weights to the engine as a new version (gather + push)."""
-        return self.push_weights(self.trainer.actor_state_for_sync())
+        """Push the trainer's actor weights to the engines as a new version (gather + push)."""
+        return self.push_weights(self.gather_weights())
+
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights on every engine rank (on rank 0 alone when only it has
+        engines; {} elsewhere). Collective."""
+        return self.trainer.actor_state_for_sync(everywhere=self.placement.engine_ranks > 1)
 
     def push_weights(self, full: dict[str, torch.Tensor]) -> float:
-        """Load ``full`` (the actor's gathered weights; {} off rank 0) into the engine as the
-        next weight version; returns the engine's seconds."""
+        """Load ``full`` (the actor's gathered weights) into this rank's engine as the next
+        weight version; returns the engine's seconds (0 on a rank without engines)."""
         self.state.weight_version += 1
-        if not self.is_main:
+        if self.actor is None:
             return 0.0
         return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
+
+    def engine_requests(self) -> dict[str, int]:
+        """Requests sent so far to this rank's actor and (inline) reward engine."""
+        engines = {"actor": self.actor, "reward": self.reward_engine}
+        return {role: eng.requests for role, eng in engines.items() if eng is not None}
+
+    def requests_since(self, before: dict[str, int]) -> dict[str, int]:
+        """``engine/<role>_requests``: requests sent to each engine since ``before``."""
+        return {f"engine/{role}_requests": n - before[role] for role, n in self.engine_requests().items()}
 
     def save_checkpoint(self) -> Path | None:
         self.state.kl = self.kl_ctl.state_dict()
@@ -153,12 +171,15 @@ class Session:
         })
 
     def _save(self, plain: dict[str, Any]) -> Path | None:
+        from colocate.trainer.distributed import all_gather_object
+
         trainer_state = self.trainer.state_dict()  # collective: every rank takes part
+        own = rank_rollouts.rank_state(plain["run"]["data_pos"], plain["overlap"]) if self.actor is not None else None
+        ranks = [r for r in all_gather_object(own, self.dist) if r is not None]  # every engine rank's stream and buffer
         if not self.is_main:
             return None
-        parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"]}
-        if plain["overlap"] is not None:
-            parts["overlap"] = plain["overlap"]
+        parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"],
+                 "rollout": {"base": plain["run"]["data_base"], "ranks": ranks}}
         meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
         return checkpoint.save(self.out_dir / "checkpoints", plain["run"]["step"], parts,
                                keep=self.cfg.run.keep_checkpoints, meta=meta)
@@ -172,8 +193,15 @@ class Session:
         self.trainer.load_state_dict(parts["trainer"])
         self.state = RunState(**parts["run"])
         self.kl_ctl.load_state_dict(self.state.kl)
-        if self.overlap is not None and "overlap" in parts:
-            self.overlap.load_state_dict(parts["overlap"])
+        base, states = rank_rollouts.saved_states(parts)
+        base, states, note = rank_rollouts.redistribute(base, states, self.placement.engine_ranks,
+                                                        self.cfg.rollout.group_size)
+        if note is not None:
+            self.log(f"resume: {note}")
+        own = states[self.placement.engine_rank]
+        self.state.data_base, self.state.data_pos = base, own["data_pos"]
+        if self.overlap is not None and own["overlap"] is not None:
+            self.overlap.load_state_dict(own["overlap"])
         random.setstate(parts["rng"]["python"])
         torch.set_rng_state(parts["rng"]["torch"])
         self.log(f"resumed from step {step}")
@@ -187,7 +215,7 @@ class Session:
         if not resumed and self.dist.device.type != "cuda":
             return
         self.state.weight_version -= 1  # push_weights counts it up again
-        self.timesharing.wake_and_sync(self.trainer.actor_state_for_sync, self.push_weights)
+        self.timesharing.wake_and_sync(self.gather_weights, self.push_weights)
 
     def close(self) -> None:
         if self.overlap is not None:

@@ -67,6 +67,9 @@ class EngineConfig:
     enable_metrics: bool = False
     trust_remote_code: bool = False  # run code shipped in the model folder (auto_map)
     threads: int = 0  # CPU: torch threads of the scheduler process (0: torch's default, all cores)
+    base_gpu_id: int = 0  # CUDA: the engine's first GPU (each training rank's engine sits on its own)
+    tp_size: int = 1  # CUDA: tensor-parallel GPUs of the engine, from base_gpu_id on
+    nccl_port: int | None = None  # the scheduler's process-group port (None: SGLang picks a free one)
 
     @property
     def label(self) -> str:
@@ -86,6 +89,7 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         max_running_requests=cfg.max_running_requests,
         enable_metrics=cfg.enable_metrics,
         trust_remote_code=cfg.trust_remote_code,
+        nccl_port=cfg.nccl_port,
     )
     if cfg.max_total_tokens is not None:
         kw["max_total_tokens"] = cfg.max_total_tokens
@@ -105,6 +109,8 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         kw["mem_fraction_static"] = cfg.mem_fraction_static
         kw["enable_memory_saver"] = cfg.enable_memory_saver
         kw["enable_weights_cpu_backup"] = cfg.enable_memory_saver and cfg.weights_cpu_backup
+        kw["base_gpu_id"] = cfg.base_gpu_id
+        kw["tp_size"] = cfg.tp_size
         if cfg.attention_backend:
             kw["attention_backend"] = cfg.attention_backend
     return {k: v for k, v in kw.items() if v is not None}
@@ -147,6 +153,7 @@ class SglangEngine:
         # and the tokenizer manager's receive task would never run.
         self.loop.run_until_complete(self._start_handle_loop())
         self.weight_version = 0
+        self.requests = 0  # generate and score requests sent so far
         self.closed = False
 
     async def _start_handle_loop(self) -> None:
@@ -189,11 +196,13 @@ class SglangEngine:
             input_ids=input_ids, sampling_params=sampling, return_logprob=True,
             stream=True, rid=rid,
         )
+        self.requests += 1
         return self._engine.tokenizer_manager.generate_request(obj, None)
 
     async def score(self, rid: str, input_ids: list[int]) -> dict[str, Any]:
         """One embedding/score request (reward engine)."""
         obj = self._api.EmbeddingReqInput(input_ids=input_ids, rid=rid)
+        self.requests += 1
         gen = self._engine.tokenizer_manager.generate_request(obj, None)
         return await gen.__anext__()
 

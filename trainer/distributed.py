@@ -2,8 +2,9 @@
 
 Owns: joining (or creating) the process group (`init_distributed`), FSDP2 sharding of a
 decoder-only model (`shard_model`: each decoder layer, then the root), gathering a full
-HF-named state dict to rank 0 (`full_state_dict`), broadcasting rollout data from rank 0
-(`broadcast_object`), splitting/gathering batch rows across ranks (`rank_rows`,
+HF-named state dict to rank 0 (`full_state_dict`) or to every rank (`full_state_everywhere`),
+broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
+(`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
 `gather_rows`), and element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
@@ -133,6 +134,17 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return unaliased(get_model_state_dict(model, options=options), model.parameters())
 
 
+def full_state_everywhere(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) CPU state dict with the model's own names on every rank: each rank
+    pushes it into its own engine. Collective; parameters are gathered one at a time, so the
+    device holds one full tensor beyond the shards at any moment."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
+
+
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes this rank holds of ``tensor`` (its local shard for a DTensor)."""
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
@@ -171,6 +183,15 @@ def broadcast_object(obj: object, info: DistInfo) -> object:
     box = [obj if info.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_object(obj: object, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order, on every rank (pickled; fine for rollouts)."""
+    if info.world_size == 1:
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def rank_rows(batch_size: int, info: DistInfo) -> slice:

@@ -43,8 +43,8 @@ from .estimators import outcome_advantages
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
-from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, init_distributed,
-                          local_bytes, shard_model)
+from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, full_state_everywhere,
+                          init_distributed, local_bytes, shard_model)
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
@@ -248,9 +248,10 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- weights and state
 
-    def actor_state_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full HF-named actor state dict (float32, CPU) on rank 0; {} on other ranks. Collective."""
-        return full_state_dict(self.actor)
+    def actor_state_for_sync(self, everywhere: bool = False) -> dict[str, torch.Tensor]:
+        """Full HF-named actor state dict (float32, CPU) on rank 0 ({} on other ranks), or on
+        every rank (``everywhere``: each rank's engine gets the weights). Collective."""
+        return full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
         """Actor, critic (when there is one) and their optimizers as full CPU state dicts on

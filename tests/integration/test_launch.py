@@ -1,7 +1,8 @@
 """`colocate train --nproc 2`: two training ranks started by torchrun on one node (gloo on
-CPU), the engines on rank 0, every step trained and checkpointed; two simulated nodes
-(two torchrun invocations on loopback) train, checkpoint and resume on one rank; a rank
-that fails ends the launch with one line."""
+CPU), each with its own engines, every step trained and checkpointed, rank 0's metrics
+covering both ranks' engines; two simulated nodes (two torchrun invocations on loopback)
+each generate on their own engines, checkpoint both deferred buffers and resume on one
+rank with them; a rank that fails ends the launch with one line."""
 
 from __future__ import annotations
 
@@ -25,15 +26,19 @@ def _cli(*args: str) -> list[str]:
 def test_two_ranks_train_and_checkpoint(tiny_pair, run_overrides, tmp_path):
     out = tmp_path / "run"
     sets = run_overrides(tiny_pair("launch", 21, 22), out, "run.steps=2", "run.save_every=2", "run.eval_every=0",
-                         "rollout.max_new_tokens=8", "ppo.epochs=1")
+                         "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=intra")
     done = subprocess.run(_cli("--nproc", "2", *(f"--set={s}" for s in sets)), cwd=str(ROOT),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["trained_samples"] == 4 for r in records)
+    for rank in (0, 1):  # rank 0 writes both ranks' engine counts (2 samples each, streamed to its own RM)
+        assert all(r[f"engines/{rank}/actor_requests"] == 2 and r[f"engines/{rank}/reward_requests"] > 0
+                   for r in records), records
     assert (out / "checkpoints" / "step_00000002").is_dir()
     assert json.loads((out / "config.json").read_text())["run"]["steps"] == 2
+    assert done.stdout.count("engines up") == 1  # rank 0 speaks for the run
 
 
 def test_two_nodes_on_loopback_train_checkpoint_and_resume_on_one_rank(tiny_pair, run_overrides, tmp_path):
@@ -44,7 +49,7 @@ def test_two_nodes_on_loopback_train_checkpoint_and_resume_on_one_rank(tiny_pair
     out = tmp_path / "run"
     sets = [f"--set={s}" for s in run_overrides(
         tiny_pair("nodes", 23, 24), out, "run.steps=2", "run.save_every=2", "run.eval_every=0",
-        "rollout.max_new_tokens=8", "ppo.epochs=1")]
+        "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=oppo")]
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
                                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
@@ -58,10 +63,14 @@ def test_two_nodes_on_loopback_train_checkpoint_and_resume_on_one_rank(tiny_pair
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-2000:] for log in logs)
     assert (out / "checkpoints" / "step_00000002").is_dir()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert all(r["engines/0/deferred"] > 0 and r["engines/1/deferred"] > 0 for r in records)  # each node's own
+    deferred = records[-1]["overlap/deferred"]
 
     done = subprocess.run(_cli("--resume", str(out), "--set=run.steps=3"), cwd=str(ROOT),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resume: 2 engine ranks -> 1: {deferred} deferred samples" in done.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["trained_samples"] == 4
 

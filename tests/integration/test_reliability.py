@@ -73,7 +73,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
     latest = checkpoint.latest(out)
     step, parts = checkpoint.load(latest)
     assert step == 2
-    deferred_before = parts["overlap"]["scheduler"]
+    deferred_before = parts["rollout"]["ranks"][0]["overlap"]["scheduler"]
     resumed = api.train(load_config(overrides=overrides(
         models, out, "run.steps=4", "overlap.mode=oppo", "overlap.delta_init=2", "overlap.delta_adaptive=false",
         "rollout.ignore_eos=true", "rollout.max_new_tokens=400", "rollout.length_dist=lognormal",
@@ -84,7 +84,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
     step3 = resumed.history[2]
     assert step3["overlap/resumed"] + (1 if deferred_before else 0) >= 1
     _, final = checkpoint.load(checkpoint.latest(out))
-    assert final["overlap"]["scheduler"]["next_index"] > deferred_before["next_index"]
+    assert final["rollout"]["ranks"][0]["overlap"]["scheduler"]["next_index"] > deferred_before["next_index"]
 
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, tmp_path):

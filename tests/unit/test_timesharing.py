@@ -1,5 +1,5 @@
-"""The CUDA time-sharing decisions that need no GPU: the kwargs each engine gets per role
-and device, the sleep/wake call order with every memory tag, the allocator check, the
+"""The CUDA time-sharing decisions that need no GPU: the kwargs each engine gets per role,
+device and rank, the sleep/wake call order with every memory tag, the allocator check, the
 engine dtype and the cast on the way into the engine.
 
 The call order is read from recorders standing in for the engines and the trainer: on CPU
@@ -33,6 +33,26 @@ def test_reward_engine_sleeps_with_a_host_copy_of_its_weights_on_cuda_only():
     # no memory saver: no backup either (SGLang would keep a host copy for nothing)
     plain = EngineConfig("/m/rm", role="reward", enable_memory_saver=False, weights_cpu_backup=True)
     assert _server_kwargs(plain, "cuda")["enable_weights_cpu_backup"] is False
+
+
+def test_each_ranks_engines_get_its_gpu_its_cores_and_ports_of_their_own():
+    from colocate.placement import Placement
+
+    cfg = load_config(overrides=["engines.device=cuda"])
+    alone = builder.engine_configs(cfg, "/m/actor", "/m/rm")
+    assert all(c.base_gpu_id == 0 and c.tp_size == 1 and c.nccl_port is None for c in alone)  # SGLang picks
+    ranks = [builder.engine_configs(cfg, "/m/actor", "/m/rm", Placement(r, 4, r, 4)) for r in range(4)]
+    kwargs = [_server_kwargs(c, "cuda") for pair in ranks for c in pair]
+    assert [k["base_gpu_id"] for k in kwargs] == [0, 0, 1, 1, 2, 2, 3, 3]  # actor and reward on the rank's GPU
+    ports = [k["nccl_port"] for k in kwargs]
+    assert len(set(ports)) == 8  # no two engines of the node race for one port
+    tp = load_config(overrides=["engines.device=cuda", "engines.tp_size=2"])
+    actor, _ = builder.engine_configs(tp, "/m/actor", "/m/rm", Placement(2, 4, 2, 4, tp_size=2))
+    assert (_server_kwargs(actor, "cuda")["base_gpu_id"], _server_kwargs(actor, "cuda")["tp_size"]) == (2, 2)
+    cpu = load_config(overrides=["engines.device=cpu"])
+    shared = builder.engine_configs(cpu, "/m/actor", "/m/rm", Placement(1, 2, 1, 2))
+    assert "base_gpu_id" not in _server_kwargs(shared[0], "cpu")
+    assert shared[0].threads == shared[1].threads == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
 
 
 @pytest.mark.parametrize("overrides, cuda_available, want", [

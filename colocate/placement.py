@@ -1,0 +1,111 @@
+"""Who generates where: the one owner of the engines' placement over the training ranks.
+
+Owns: :class:`Placement`, which says, for this rank, whether it hosts SGLang engines (every
+rank with ``engines.tp_size`` 1, the first rank of each tensor-parallel group otherwise),
+which share of the rollout it runs (``rollout.batch_size`` split over the engine ranks in
+whole groups), which prompts it draws (engine rank r of R takes data positions
+``base + k·R + r``: the ranks' streams are disjoint and their union is one rank's), how
+its samples are named in the step's union (its k-th local sample index/group ↦ k·R + r,
+so the union sorted by index is what one rank would have drawn), and where its engines
+run (GPU ``base_gpu_id`` = local rank; on CPU the rank's share of the cores; NCCL ports
+from disjoint per-rank ranges, so ranks starting engines side by side never race for one).
+
+Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.rank_rollouts``);
+starting the engines (``colocate.builder``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Mapping
+
+from colocate.errors import ConfigError
+
+PORT_BASE = 31000  # NCCL ports of the engines' schedulers: PORT_BASE + PORT_SPAN * (2 * local rank + role)
+PORT_SPAN = 40
+ROLES = ("actor", "reward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """This rank's place in the run: ``rank``/``world`` of the process group,
+    ``local_rank``/``local_world`` on its node, ``tp_size`` ranks per engine."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1 or self.local_world % self.tp_size:
+            raise ConfigError(f"engines.tp_size: {self.tp_size} must be >= 1 and divide the {self.local_world} "
+                              "training processes of each node (an engine's ranks share one node)")
+
+    @property
+    def hosts_engines(self) -> bool:
+        return self.local_rank % self.tp_size == 0
+
+    @property
+    def engine_rank(self) -> int:
+        """This rank's index among the engine ranks (its TP group's, for a rank without engines)."""
+        return self.rank // self.tp_size
+
+    @property
+    def engine_ranks(self) -> int:
+        return self.world // self.tp_size
+
+    @property
+    def gpu_id(self) -> int:
+        """First GPU of this rank's engines (SGLang ``base_gpu_id``): the rank's own."""
+        return self.local_rank
+
+    def share(self, batch_size: int, group_size: int = 1) -> int:
+        """Samples this rank's engines run per step (B/R; whole groups)."""
+        ranks = self.engine_ranks
+        if batch_size % (ranks * group_size):
+            raise ConfigError(
+                f"rollout.batch_size: {batch_size} does not split over {ranks} engine ranks in whole groups of "
+                f"rollout.group_size {group_size}; make it a multiple of {ranks * group_size}")
+        return batch_size // ranks
+
+    def position(self, base: int, drawn: int) -> int:
+        """Data position of this rank's ``drawn``-th group (0-based) of a stream starting at ``base``."""
+        return base + drawn * self.engine_ranks + self.engine_rank
+
+    def global_id(self, local: int) -> int:
+        """A local sample index (or group id) as the step's union names it."""
+        return local * self.engine_ranks + self.engine_rank
+
+    def engine_cores(self, cores: int) -> int:
+        """CPU cores of this rank's engines: the node's cores over its engine ranks."""
+        return max(1, cores // max(1, self.local_world // self.tp_size))
+
+    def nccl_port(self, role: str) -> int:
+        """A free port for the ``role`` engine's scheduler, from a range no other rank of this
+        node draws from (two ranks starting engines at the same moment cannot pick one port)."""
+        start = PORT_BASE + PORT_SPAN * (2 * self.local_rank + ROLES.index(role))
+        for port in range(start, start + PORT_SPAN):
+            if _free(port):
+                return port
+        raise ConfigError(f"no free port in {start}-{start + PORT_SPAN - 1} for the {role} engine of local rank "
+                          f"{self.local_rank}; free one (another run on this node?)")
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def placement_of(dist, tp_size: int = 1, environ: Mapping[str, str] = os.environ) -> Placement:
+    """This process's placement (``dist``: its `DistInfo`); torchrun's ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE`` say where it sits on its node (one node when they are unset)."""
+    local_rank = int(environ.get("LOCAL_RANK", dist.rank))
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", dist.world_size))
+    return Placement(dist.rank, dist.world_size, local_rank, local_world, tp_size)

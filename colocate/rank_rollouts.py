@@ -1,0 +1,150 @@
+"""The engine ranks' rollouts joined into the step's one batch, and their checkpoint states.
+
+Owns: :func:`gather` (every rank runs its share of the rollout; the parts, or the first
+failure, are exchanged, so a rank whose rollout fails does not leave the others waiting
+in a collective: every rank raises, and a user error lets every rank checkpoint the last
+completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
+renamed into the union's index space (``Placement.global_id``) and sorted, so groups stay
+contiguous and the union is what one rank would have drawn; the phase seconds of the
+slowest rank; counts summed; staleness over the union; per-rank engine metrics
+``engines/<r>/…``), each rank's checkpointed rollout state (prompt stream position,
+scheduler with its deferred buffer) and :func:`redistribute` for a resume on another
+number of engine ranks.
+
+Leaves out: where ranks run engines (``colocate.placement``); running a rollout
+(``colocate.loop``, ``colocate.overlap_phase``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from colocate.engine.scheduler import staleness_stats
+from colocate.errors import USER_ERRORS, ColocateError
+from colocate.rollout_phase import StepRollout, rollout_stats
+
+SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
+PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",
+            "engine/reward_requests": "reward_requests", "overlap/deferred": "deferred"}
+
+
+class RankFailedError(ColocateError):
+    """Another rank's rollout failed (with an error of its own, printed by that rank)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    rank: int
+    message: str
+    user_error: bool
+
+
+def gather(run: Callable[[], StepRollout | None], dist, version: int, group_size: int) -> StepRollout:
+    """``run()`` on this rank (its part; None without engines), then the step's joined
+    rollout on every rank. ``version``: the weight version the step trains from."""
+    from colocate.trainer.distributed import all_gather_object
+
+    try:
+        part = run()
+    except BaseException as exc:
+        if dist.world_size > 1:
+            all_gather_object(_Failure(dist.rank, f"{type(exc).__name__}: {exc}", isinstance(exc, USER_ERRORS)), dist)
+        raise
+    parts = all_gather_object(part, dist)
+    failed = [p for p in parts if isinstance(p, _Failure)]
+    if failed:
+        first = failed[0]
+        message = f"rank {first.rank}'s rollout failed ({first.message}); every rank stops"
+        if first.user_error:
+            raise RankFailedError(message)
+        raise RuntimeError(message)
+    return join(parts, version, group_size)
+
+
+def join(parts: Sequence[StepRollout | None], version: int, group_size: int) -> StepRollout:
+    """One step's rollout from each engine rank's part (``parts`` in rank order; None: a
+    rank without engines)."""
+    own = [p for p in parts if p is not None]
+    samples = sorted((_renamed(x, r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
+                     key=lambda x: x.index)
+    slowest = max(own, key=lambda p: sum(p.seconds.values()))
+    stats: dict[str, float] = {}
+    for key in dict.fromkeys(k for p in own for k in p.stats):
+        values = [p.stats[key] for p in own if key in p.stats]
+        if key in SAME_ON_EVERY_RANK:
+            stats[key] = values[0]
+        elif not key.startswith("engine/"):
+            stats[key] = sum(values)
+    if any(k.startswith("overlap/staleness_") for k in stats):
+        stats |= {f"overlap/staleness_{k}": v for k, v in staleness_stats(samples, version).items()}
+    stats |= rollout_stats(samples)
+    for r, part in enumerate(own):
+        busy = {"engine/busy_s": sum(part.seconds.values())}
+        for key, name in PER_RANK.items():
+            value = busy.get(key, part.stats.get(key))
+            if value is not None:
+                stats[f"engines/{r}/{name}"] = value
+    return StepRollout(samples, dict(slowest.seconds), stats)
+
+
+def _renamed(sample, rank: int, ranks: int, n: int):
+    """``sample`` of engine rank ``rank`` as the union names it: its local group g is the
+    union's group g·R + r (``Placement.global_id``), member m of it index (g·R + r)·n + m."""
+    if sample.group is None:
+        return dataclasses.replace(sample, index=sample.index * ranks + rank)
+    group = sample.group * ranks + rank
+    return dataclasses.replace(sample, index=group * n + sample.index % n, group=group)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+def rank_state(data_pos: int, overlap: dict[str, Any] | None) -> dict[str, Any]:
+    """What a checkpoint keeps of one engine rank: groups drawn from its prompt stream and
+    its overlap state (scheduler with the deferred buffer, chunk tuner; None: sequential)."""
+    return {"data_pos": int(data_pos), "overlap": overlap}
+
+
+def saved_states(parts: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """(prompt stream base, per-engine-rank states) of a loaded checkpoint; a checkpoint
+    written before engines ran on every rank holds one rank's."""
+    if "rollout" in parts:
+        return int(parts["rollout"]["base"]), list(parts["rollout"]["ranks"])
+    return 0, [rank_state(parts.get("run", {}).get("data_pos", 0), parts.get("overlap"))]
+
+
+def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
+                 group_size: int) -> tuple[int, list[dict[str, Any]], str | None]:
+    """The checkpointed states of ``len(states)`` engine ranks for ``ranks`` ranks:
+    ``(base, states, note)``. Same count: unchanged (note None). Otherwise every stream
+    restarts at the first position no old rank reached (a few prompts of the slower ranks'
+    streams are skipped), the deferred groups are dealt round-robin, oldest first, under
+    fresh local indices, and the Δ controller and chunk tuner of the old first rank go to
+    every rank; ``note`` says what moved."""
+    if len(states) == ranks:
+        return base, list(states), None
+    old = len(states)
+    new_base = base + max(s["data_pos"] for s in states) * old
+    overlaps = [s["overlap"] for s in states]
+    if all(o is None for o in overlaps):
+        return new_base, [rank_state(0, None) for _ in range(ranks)], (
+            f"{old} engine ranks -> {ranks}: prompts continue from position {new_base}")
+    groups: list[tuple[int, list[dict[str, Any]]]] = []  # (age, members)
+    for r, o in enumerate(overlaps):
+        by_group: dict[int, list[dict[str, Any]]] = {}
+        for d in (o or {}).get("scheduler", {}).get("deferred", []):
+            by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
+        groups += [(min(d["index"] for d in members) * old + r, members) for members in by_group.values()]
+    groups.sort(key=lambda g: g[0])
+    first = next(o for o in overlaps if o is not None)
+    out = []
+    for r in range(ranks):
+        mine = [members for i, (_, members) in enumerate(groups) if i % ranks == r]
+        deferred = [dict(d, index=j * group_size + m, group=j if group_size > 1 else None)
+                    for j, members in enumerate(mine) for m, d in enumerate(sorted(members, key=lambda d: d["index"]))]
+        scheduler = {"next_index": len(mine) * group_size, "deferred": deferred,
+                     "dropped_total": sum(o["scheduler"]["dropped_total"] for o in overlaps if o) if r == 0 else 0,
+                     "delta": first["scheduler"]["delta"]}
+        out.append(rank_state(0, {"scheduler": scheduler, "tuner": first["tuner"]}))
+    moved = sum(len(m) for _, m in groups)
+    return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
+                           f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")

@@ -1,0 +1,76 @@
+"""Who generates where: engine ranks, shares, disjoint prompt streams, cores, GPUs, ports."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from colocate.errors import ConfigError
+from colocate.placement import PORT_BASE, PORT_SPAN, Placement, placement_of
+
+
+def test_every_rank_hosts_engines_with_tp_1_and_the_first_of_each_group_otherwise():
+    one = [Placement(r, 4, r, 4) for r in range(4)]
+    assert [p.hosts_engines for p in one] == [True] * 4
+    assert [p.engine_rank for p in one] == [0, 1, 2, 3] and one[0].engine_ranks == 4
+    tp = [Placement(r, 8, r % 4, 4, tp_size=2) for r in range(8)]  # two nodes of 4
+    assert [p.hosts_engines for p in tp] == [True, False] * 4
+    assert [p.engine_rank for p in tp] == [0, 0, 1, 1, 2, 2, 3, 3] and tp[0].engine_ranks == 4
+    assert [p.gpu_id for p in tp[:4]] == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="engines.tp_size: 3 must be >= 1 and divide the 4"):
+        Placement(0, 4, 0, 4, tp_size=3)
+
+
+def test_the_batch_splits_in_whole_groups_or_one_line():
+    assert Placement(0, 2, 0, 2).share(8, 2) == 4
+    assert Placement(0, 1).share(6, 3) == 6
+    with pytest.raises(ConfigError, match=r"rollout.batch_size: 6 does not split over 2 engine ranks in whole groups "
+                                          r"of rollout.group_size 2; make it a multiple of 4"):
+        Placement(0, 2, 0, 2).share(6, 2)
+
+
+def test_prompt_streams_are_disjoint_and_their_union_is_one_ranks_stream():
+    ranks = [Placement(r, 3, r, 3) for r in range(3)]
+    drawn = [[p.position(10, k) for k in range(4)] for p in ranks]
+    flat = sorted(x for stream in drawn for x in stream)
+    assert flat == [Placement().position(10, k) for k in range(12)] == list(range(10, 22))
+    assert len(set(flat)) == 12
+    # local sample indices / group ids name the union's the same way
+    assert sorted(p.global_id(i) for p in ranks for i in range(4)) == list(range(12))
+
+
+def test_cpu_cores_split_over_the_nodes_engine_ranks():
+    assert Placement(0, 2, 0, 2).engine_cores(2) == 1
+    assert Placement(0, 2, 0, 2).engine_cores(16) == 8
+    assert Placement(0, 4, 0, 4, tp_size=2).engine_cores(16) == 8
+    assert Placement(0, 4, 0, 4).engine_cores(2) == 1  # never 0
+    assert Placement().engine_cores(2) == 2
+
+
+def test_engine_ports_come_from_ranges_no_other_rank_draws_from():
+    starts = {(r, role): Placement(r, 2, r, 2).nccl_port(role) for r in (0, 1) for role in ("actor", "reward")}
+    ranges = {key: range(port - (port - PORT_BASE) % PORT_SPAN, port - (port - PORT_BASE) % PORT_SPAN + PORT_SPAN)
+              for key, port in starts.items()}
+    assert len({r.start for r in ranges.values()}) == 4  # four disjoint ranges
+    first = Placement(1, 2, 1, 2).nccl_port("actor")
+    with socket.socket() as taken:  # a port in use is skipped
+        taken.bind(("127.0.0.1", first))
+        assert Placement(1, 2, 1, 2).nccl_port("actor") == first + 1
+
+
+def test_placement_of_reads_torchruns_local_rank():
+    dist = SimpleNamespace(rank=5, world_size=8)
+    p = placement_of(dist, 1, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    assert (p.rank, p.world, p.local_rank, p.local_world) == (5, 8, 1, 4) and p.gpu_id == 1
+    alone = placement_of(SimpleNamespace(rank=0, world_size=1), 1, {})
+    assert alone == Placement()
+
+
+def test_tensor_parallel_engines_need_cuda_and_say_so_before_anything_starts():
+    from colocate import builder
+    from colocate.config import load_config
+
+    with pytest.raises(ConfigError, match="engines.tp_size: 2 needs CUDA engines"):
+        builder.build(load_config(overrides=["engines.device=cpu", "engines.tp_size=2"]))
