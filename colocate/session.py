@@ -139,16 +139,23 @@ class Session:
         """Push the trainer's actor weights to the engines as a new version (gather + push)."""
         return self.push_weights(self.gather_weights())
 
-    def gather_weights(self) -> dict[str, torch.Tensor]:
-        """The actor's full weights on every engine rank (on rank 0 alone when only it has
-        engines; {} elsewhere). Collective."""
+    def gather_weights(self) -> weight_sync.Weights:
+        """The actor's full weights for the engines. CUDA engines: (name, tensor) pairs made
+        one at a time on the device (pushed device to device as they come); otherwise a host
+        state dict on every engine rank (on rank 0 alone when only it has engines; {}
+        elsewhere). Collective."""
+        if self.timesharing.device_push:
+            return self.trainer.actor_tensors()
         return self.trainer.actor_state_for_sync(everywhere=self.placement.engine_ranks > 1)
 
-    def push_weights(self, full: dict[str, torch.Tensor]) -> float:
-        """Load ``full`` (the actor's gathered weights) into this rank's engine as the next
-        weight version; returns the engine's seconds (0 on a rank without engines)."""
+    def push_weights(self, full: weight_sync.Weights) -> float:
+        """Load ``full`` (``gather_weights``) into this rank's engine as the next weight
+        version; returns the engine's seconds (0 on a rank without engines, which still
+        takes its part in a lazy gather)."""
         self.state.weight_version += 1
         if self.actor is None:
+            for _ in full.items() if isinstance(full, dict) else full:
+                pass
             return 0.0
         return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
 

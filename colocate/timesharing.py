@@ -4,11 +4,12 @@ Owns: the order of sleep and wake. At start-up the engines give their memory bac
 after they start, before the trainer loads its models (:func:`release`), and the first
 wake pushes the trainer's weights (the actor's were released without a host copy). Before
 training: release every engine's weights, KV cache and CUDA graphs, each engine first
-waiting until its scheduler is idle (SGLang asserts it). After training: gather the
-actor's full weights to host memory while FSDP still holds its shards on the device (an
-all-gather over the device backend), offload FSDP params and optimizer state, wake the
-engines' weights, push the new weights, empty torch's cache, then wake the KV caches and
-CUDA graphs (waking KV before the push is how peers hit OOM at wake-up). On CPU, SGLang's
+waiting until its scheduler is idle (SGLang asserts it). After training (CUDA): wake the
+engines' weights, push the actor's weights device to device while FSDP still holds its
+shards there (each tensor all-gathered in turn, cut into buckets, cast, handed over as
+CUDA-IPC handles: no host round trip, as slime and verl push), offload FSDP params and
+optimizer state, empty torch's cache, then wake the KV caches and CUDA graphs (waking KV
+before the push is how peers hit OOM at wake-up). On CPU, SGLang's
 memory saver does nothing (it needs CUDA), so every call is a no-op by design;
 :class:`TimeSharing` says so once.
 
@@ -39,11 +40,15 @@ def release(engines: Sequence) -> bool:
 
 
 class TimeSharing:
-    """Sleep/wake sequence for one actor engine, one reward engine and a trainer."""
+    """Sleep/wake sequence for this rank's actor and reward engine and its trainer.
+    ``device_push``: the weights go device to device (the trainer trains on CUDA); the
+    same on every rank, engines or not, since the gather is collective."""
 
-    def __init__(self, engines: list, trainer, log: Callable[[str], None] = print) -> None:
+    def __init__(self, engines: list, trainer, log: Callable[[str], None] = print, *,
+                 device_push: bool = False) -> None:
         self.engines = [e for e in engines if e is not None]
         self.trainer = trainer
+        self.device_push = device_push
         self.active = any(e.device == "cuda" for e in self.engines)
         if not self.active and self.engines:
             log("time-sharing: CPU run — SGLang memory release/resume needs CUDA, so the "
@@ -56,20 +61,25 @@ class TimeSharing:
         self.trainer.onload()
 
     def wake_and_sync(self, gather: Callable[[], State], push: Callable[[State], float]) -> float:
-        """Gather the full weights, offload training state, wake weights, push, wake KV.
+        """Push the trainer's weights into the engines, with the engines' memory woken
+        around it; returns the sync seconds.
 
-        Returns the sync seconds: the gather's wall time plus what ``push`` reports."""
+        CUDA: wake the engines' weights, push what ``gather`` makes (the trainer's tensors
+        gathered one at a time on the device while FSDP still holds its shards there,
+        each bucket cast and sent device to device), then offload the training state,
+        empty torch's cache and wake KV caches and CUDA graphs. Elsewhere: gather to host,
+        offload (nothing to free), push."""
         start = time.perf_counter()
-        state = gather()
-        gathered = time.perf_counter() - start
-        self.trainer.offload()
-        if self.active:
+        if self.device_push:
             for e in self.engines:
                 e.resume_memory([WEIGHTS])
-        seconds = gathered + push(state)
-        if self.active:
-            del state
+            push(gather())
+            self.trainer.offload()
             torch.cuda.empty_cache()  # what the push staged on the device goes back before KV wakes
             for e in self.engines:
                 e.resume_memory([KV_CACHE, CUDA_GRAPH])
-        return seconds
+            return time.perf_counter() - start
+        state = gather()
+        gathered = time.perf_counter() - start
+        self.trainer.offload()
+        return gathered + push(state)

@@ -3,24 +3,30 @@
 Owns: cutting a full (HF-named) state dict into buckets of at most ``bucket_bytes`` and
 pushing them through the engine's tensor-update API under a new weight version (the
 engine flushes its radix cache with the last bucket, so no request is served KV computed
-under the old weights). Leaves out: gathering the state from FSDP (``trainer``).
+under the old weights). The state may be host tensors (CPU) or the trainer's device
+tensors made one at a time (CUDA: cut and cast on the device, sent as CUDA-IPC handles).
+Leaves out: gathering the state from FSDP (``trainer``).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 
 
-def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
+Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def buckets(state: Weights, bucket_bytes: int,
             dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of named tensors, each at most ``bucket_bytes`` (a single larger
-    tensor gets a bucket of its own); floating tensors cast to ``dtype`` (the engine's) as
-    each bucket is cut, so only one bucket's copy exists at a time."""
+    """Consecutive groups of named tensors (a state dict, or (name, tensor) pairs made one
+    at a time), each at most ``bucket_bytes`` (a single larger tensor gets a bucket of its
+    own); floating tensors cast to ``dtype`` (the engine's) as each bucket is cut, so only
+    one bucket's copy exists at a time."""
     cur: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, tensor in state.items():
+    for name, tensor in state.items() if isinstance(state, Mapping) else state:
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         nbytes = tensor.numel() * tensor.element_size()
@@ -33,6 +39,6 @@ def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
         yield cur
 
 
-def sync(engine, state: Mapping[str, torch.Tensor], version: int, bucket_mb: int) -> float:
+def sync(engine, state: Weights, version: int, bucket_mb: int) -> float:
     """Load ``state`` into ``engine`` as ``version``, in the engine's dtype; returns seconds taken."""
     return engine.update_weights(buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype)), version=version)

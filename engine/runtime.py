@@ -211,12 +211,17 @@ class SglangEngine:
         self._engine.tokenizer_manager.abort_request(rid=rid)
 
     # ---- control (sync; call while no request is in flight) --------------------------
-    def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int) -> float:
+    def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int,
+                       flattened: bool | None = None) -> float:
         """Load named tensors bucket by bucket; flush the radix cache on the last bucket.
         Buckets are consumed one at a time (one look-ahead to know the last), so a lazy
-        ``buckets`` keeps at most two bucket copies alive. Every request to the scheduler is
-        guarded: a scheduler that dies meanwhile raises :class:`EngineDiedError` instead of
-        leaving the call waiting forever."""
+        ``buckets`` keeps at most two bucket copies alive. ``flattened`` (default: on CUDA)
+        sends each bucket as one byte tensor plus metadata (SGLang's ``flattened_bucket``):
+        a CUDA tensor then crosses as one CUDA-IPC handle, the scheduler copying device to
+        device; host tensors go faster as plain lists (measured: 0.28 vs 0.93 s per push of
+        SmolLM2 on CPU). Every request to the scheduler is guarded: a scheduler that dies
+        meanwhile raises :class:`EngineDiedError` instead of leaving the call waiting forever."""
+        flattened = self.device == "cuda" if flattened is None else flattened
         started = time.perf_counter()
         tm = self._engine.tokenizer_manager
         run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None))
@@ -226,7 +231,8 @@ class SglangEngine:
             while bucket is not None:
                 following = next(pending, None)
                 last = following is None
-                ok, message = self._update_bucket(bucket, flush=last, version=version if last else None)
+                ok, message = self._update_bucket(bucket, flush=last, version=version if last else None,
+                                                  flattened=flattened)
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
                 bucket = following
@@ -236,10 +242,16 @@ class SglangEngine:
         self.weight_version = version
         return time.perf_counter() - started
 
-    def _update_bucket(self, bucket, *, flush: bool, version: int | None):
-        payload = self._api.MultiprocessingSerializer.serialize(bucket)
+    def _update_bucket(self, bucket, *, flush: bool, version: int | None, flattened: bool):
+        data: Any = bucket
+        if flattened:
+            flat = self._api.FlattenedTensorBucket(named_tensors=bucket)
+            data = {"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()}
+        # one payload per tensor-parallel rank: each deserializes its own (CUDA-IPC refcounts)
+        payloads = [self._api.MultiprocessingSerializer.serialize(data) for _ in range(self.cfg.tp_size)]
         obj = self._api.UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=[payload], flush_cache=flush,
+            serialized_named_tensors=payloads, flush_cache=flush,
+            load_format="flattened_bucket" if flattened else None,
             weight_version=None if version is None else str(version),
         )
         out = run_guarded([self], self._engine.tokenizer_manager.update_weights_from_tensor(obj, None))

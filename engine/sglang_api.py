@@ -134,9 +134,11 @@ def load() -> SimpleNamespace:
         UpdateWeightsFromTensorReqInput,
     )
     from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
     return SimpleNamespace(
         Engine=sglang.Engine,
+        FlattenedTensorBucket=FlattenedTensorBucket,
         BeginWeightUpdateReqInput=BeginWeightUpdateReqInput,
         EndWeightUpdateReqInput=EndWeightUpdateReqInput,
         EmbeddingReqInput=EmbeddingReqInput,

@@ -2,7 +2,8 @@
 
 Owns: joining (or creating) the process group (`init_distributed`), FSDP2 sharding of a
 decoder-only model (`shard_model`: each decoder layer, then the root), gathering a full
-HF-named state dict to rank 0 (`full_state_dict`) or to every rank (`full_state_everywhere`),
+HF-named state dict to rank 0 (`full_state_dict`), to every rank (`full_state_everywhere`)
+or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
 (`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
 `gather_rows`), and element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`).
@@ -21,7 +22,7 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -134,15 +135,18 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return unaliased(get_model_state_dict(model, options=options), model.parameters())
 
 
+def full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the model's state, one at a time, on the model's device: lazy
+    and collective (every rank must iterate it to the end, in step); the device holds one
+    full tensor beyond the shards while the consumer keeps none."""
+    for name, tensor in model.state_dict().items():
+        yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
 def full_state_everywhere(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU state dict with the model's own names on every rank: each rank
-    pushes it into its own engine. Collective; parameters are gathered one at a time, so the
-    device holds one full tensor beyond the shards at any moment."""
-    out = {}
-    for name, tensor in model.state_dict().items():
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        out[name] = full.detach().to("cpu", copy=True)
-    return out
+    pushes it into its own engine. Collective; gathered one tensor at a time."""
+    return {name: full.to("cpu", copy=True) for name, full in full_tensors(model)}
 
 
 def local_bytes(tensor: torch.Tensor) -> int:

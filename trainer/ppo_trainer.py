@@ -33,7 +33,7 @@ minibatch (weights still the sampling weights) in both modes.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, full_state_everywhere,
-                          init_distributed, local_bytes, shard_model)
+                          full_tensors, init_distributed, local_bytes, shard_model)
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
@@ -252,6 +252,11 @@ class PPOTrainer:
         """Full HF-named actor state dict (float32, CPU) on rank 0 ({} on other ranks), or on
         every rank (``everywhere``: each rank's engine gets the weights). Collective."""
         return full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
+
+    def actor_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's full HF-named tensors one at a time on the training device (CUDA: the
+        device-to-device weight push). Lazy and collective: every rank iterates it to the end."""
+        return full_tensors(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
         """Actor, critic (when there is one) and their optimizers as full CPU state dicts on

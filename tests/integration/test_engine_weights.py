@@ -29,7 +29,11 @@ def buckets(model, max_numel):
     return out + [cur] if cur else out
 
 
-def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine, tiny_actor_path):
+@pytest.mark.parametrize("flattened", [False, True], ids=["tensor-lists", "flattened-buckets"])
+def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine, tiny_actor_path, flattened):
+    """Both forms of a bucket load the same weights: tensor lists (host tensors, the CPU
+    push) and SGLang's flattened buckets (one byte tensor + metadata, the CUDA push's form,
+    where the byte tensor crosses as one CUDA-IPC handle)."""
     run = actor_engine.loop.run_until_complete
     base = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
     before = Sample(0, PROMPT, 12)
@@ -45,7 +49,7 @@ def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine
     assert want_tokens != before.output_ids  # the update really changes the greedy output
 
     old_version = actor_engine.weight_version
-    seconds = actor_engine.update_weights(buckets(new, 20_000), version=old_version + 1)
+    seconds = actor_engine.update_weights(buckets(new, 20_000), version=old_version + 1, flattened=flattened)
     try:
         assert seconds > 0 and actor_engine.weight_version == old_version + 1
         after = Sample(0, PROMPT, 12)

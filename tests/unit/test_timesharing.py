@@ -122,7 +122,7 @@ class _Trainer:
 def test_sleep_releases_every_tag_of_every_engine_and_wake_is_staged():
     calls: list = []
     actor, reward = _Engine("actor", calls), _Engine("reward", calls)
-    ts = timesharing.TimeSharing([actor, None, reward], _Trainer(calls), log=calls.append)
+    ts = timesharing.TimeSharing([actor, None, reward], _Trainer(calls), log=calls.append, device_push=True)
     assert ts.active and calls == []  # nothing said on CUDA
 
     ts.sleep_engines()
@@ -130,19 +130,33 @@ def test_sleep_releases_every_tag_of_every_engine_and_wake_is_staged():
     assert calls == [("actor", "release", MEMORY_TAGS), ("reward", "release", MEMORY_TAGS), ("trainer", "onload")]
 
     calls.clear()
-    seconds = ts.wake_and_sync(lambda: calls.append(("trainer", "gather")) or {"w": 1},
-                               lambda state: calls.append(("actor", "push", tuple(state))) or 2.5)
-    assert seconds >= 2.5
+
+    def gather():  # the trainer's tensors, made one at a time as the push takes them
+        calls.append(("trainer", "gather"))
+        for name in ("w", "v"):
+            calls.append(("trainer", "all-gather", name))
+            yield name, 1
+
+    seconds = ts.wake_and_sync(gather, lambda pairs: calls.append(("actor", "push", tuple(n for n, _ in pairs))) or 2.5)
+    assert seconds >= 0
     assert calls == [
-        ("trainer", "gather"),  # while FSDP still holds its shards on the device
+        ("actor", "resume", ("weights",)), ("reward", "resume", ("weights",)),  # room for the new weights first
+        ("trainer", "gather"),
+        ("trainer", "all-gather", "w"), ("trainer", "all-gather", "v"),  # on the device, FSDP's shards still there
+        ("actor", "push", ("w", "v")),
         ("trainer", "offload"),
-        ("actor", "resume", ("weights",)), ("reward", "resume", ("weights",)),
-        ("actor", "push", ("w",)),
         ("actor", "resume", ("kv_cache", "cuda_graph")), ("reward", "resume", ("kv_cache", "cuda_graph")),
     ]
     # every tag released is resumed
     resumed = {t for c in calls if c[1] == "resume" for t in c[2]}
     assert resumed == set(MEMORY_TAGS)
+
+
+def test_a_cuda_rank_without_engines_still_takes_its_part_in_the_device_gather():
+    calls: list = []
+    ts = timesharing.TimeSharing([None, None], _Trainer(calls), log=calls.append, device_push=True)
+    ts.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: calls.append(("push", [n for n, _ in pairs])) or 0.0)
+    assert calls == [("push", ["w"]), ("trainer", "offload")]  # same order as the ranks with engines
 
 
 def test_on_cpu_the_engines_are_never_released_and_it_is_said_once():
