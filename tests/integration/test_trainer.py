@@ -349,16 +349,14 @@ def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> Non
         ppo_step(trainer, rollout_batch(15))
         seen = {}
 
-        def gather():
-            seen["gathered_on"] = next(trainer.actor.parameters()).device.type
-            return trainer.actor_state_for_sync()
-
-        def push(state):
-            seen["state"], seen["pushed_on"] = state, next(trainer.actor.parameters()).device.type
+        def push(pairs):
+            seen["state"] = {name: t.to("cpu", copy=True) for name, t in pairs}
+            seen["pushed_on"] = next(trainer.actor.parameters()).device.type
             return 0.0
 
-        TimeSharing([], trainer).wake_and_sync(gather, push)
-        assert (seen["gathered_on"], seen["pushed_on"]) == ("cuda", "cpu")  # gather on device, push after offload
+        TimeSharing([], trainer, device_push=True).wake_and_sync(trainer.actor_tensors, push)
+        assert seen["pushed_on"] == "cuda"  # gathered and pushed while FSDP still held its shards on the device
+        assert next(trainer.actor.parameters()).device.type == "cpu"  # offloaded after the push
         # an offloaded trainer still gathers and checkpoints (host tensors go over the gloo side of the group)
         assert_same_tensors(seen["state"], trainer.actor_state_for_sync())
         offloaded = trainer.state_dict()
@@ -369,38 +367,9 @@ def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> Non
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_sync_gathers_before_offload_and_offloaded_state_is_readable_on_cuda(tiny_actor_path):
+def test_device_push_gathers_on_the_device_then_offloads_and_offloaded_state_is_readable_on_cuda(tiny_actor_path):
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_cuda_sync_order_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)
-
-
-def _cuda_device_push_worker(rank: int, init_method: str, actor_path: str) -> None:
-    from colocate.timesharing import TimeSharing
-
-    info = init_distributed("cuda", rank=rank, world_size=1, init_method=init_method)
-    try:
-        trainer = PPOTrainer(settings_for(actor_path, device="cuda"), info)
-        ppo_step(trainer, rollout_batch(15))
-        seen = {}
-
-        def push(pairs):
-            seen["state"] = {name: t.to("cpu", copy=True) for name, t in pairs}
-            seen["pushed_on"] = next(trainer.actor.parameters()).device.type
-            return 0.0
-
-        TimeSharing([], trainer, device_push=True).wake_and_sync(trainer.actor_tensors, push)
-        assert seen["pushed_on"] == "cuda"  # pushed while FSDP still held its shards on the device
-        assert next(trainer.actor.parameters()).device.type == "cpu"  # offloaded after the push
-        assert trainer.onload() is True
-        assert_same_tensors(seen["state"], trainer.actor_state_for_sync())
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_device_push_gathers_on_the_device_then_offloads_on_cuda(tiny_actor_path):
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_cuda_device_push_worker, args=(init_method, tiny_actor_path), nprocs=1, join=True)
 
 
 # ---------------------------------------------------------------- critic-free estimators
