@@ -154,8 +154,9 @@ class Session:
         takes its part in a lazy gather)."""
         self.state.weight_version += 1
         if self.actor is None:
-            for _ in full.items() if isinstance(full, dict) else full:
-                pass
+            if not isinstance(full, dict):  # the lazy device gather is collective: take every all-gather
+                for _ in full:
+                    pass
             return 0.0
         return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
 
