@@ -10,6 +10,7 @@ Leaves out: what a rank does (``colocate.api``); rendezvous (torchrun's).
 from __future__ import annotations
 
 import os
+import signal
 from typing import Sequence
 
 from colocate.errors import ColocateError, ConfigError
@@ -37,5 +38,17 @@ def run_torchrun(nproc: int, train_args: Sequence[str]) -> None:
         torchrun(torchrun_args(nproc, train_args))
     except ChildFailedError as exc:
         rank, first = min(exc.failures.items(), key=lambda kv: kv[1].timestamp, default=(None, None))
-        who = f"rank {rank} (exit code {first.exitcode})" if first is not None else "a rank"
-        raise ColocateError(f"{who} of {nproc} failed first; its error is printed above") from None
+        raise ColocateError(failure_line(rank, first.exitcode if first is not None else None, nproc)) from None
+
+
+def failure_line(rank: int | None, exitcode: int | None, nproc: int) -> str:
+    """The one line for the rank that failed first: its own error is printed above it,
+    unless a signal killed it (then nothing is, and the signal is named)."""
+    if rank is None:
+        return f"a rank of {nproc} failed; its error is printed above"
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        why = (" (most likely the kernel's out-of-memory killer: see dmesg; fewer processes, a smaller model "
+               "or a critic-free ppo.advantage need less memory)") if name == "SIGKILL" else ""
+        return f"rank {rank} of {nproc} was killed by {name}{why}; the other ranks stopped after it"
+    return f"rank {rank} (exit code {exitcode}) of {nproc} failed first; its error is printed above"

@@ -60,3 +60,13 @@ def test_bench_rejects_unknown_mode():
 def test_bench_variant_errors_are_one_line(args, needle):
     result = CliRunner().invoke(main, ["bench", *args])
     assert result.exit_code != 0 and needle in result.output and "Traceback" not in result.output
+
+
+def test_a_rank_killed_by_a_signal_is_named_in_one_line():
+    from colocate.launch import failure_line
+
+    assert failure_line(1, 2, 2) == "rank 1 (exit code 2) of 2 failed first; its error is printed above"
+    killed = failure_line(0, -9, 2)
+    assert killed.startswith("rank 0 of 2 was killed by SIGKILL (most likely the kernel's out-of-memory killer")
+    assert "\n" not in killed
+    assert failure_line(0, -15, 4) == "rank 0 of 4 was killed by SIGTERM; the other ranks stopped after it"
