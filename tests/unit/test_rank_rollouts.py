@@ -1,5 +1,6 @@
-"""Joining the engine ranks' rollouts, exchanging a rank's failure, and carrying every rank's
-deferred buffer across a resume on another number of ranks."""
+"""Joining the engine ranks' rollouts, exchanging a rank's failure, carrying every rank's
+deferred buffer across a resume on another number of ranks, and the ranks agreeing on a
+stop request (two gloo ranks where a collective is involved)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,21 @@ def test_a_checkpoint_from_before_engines_on_every_rank_is_one_ranks_state():
     assert rank_rollouts.saved_states(old) == (0, [{"data_pos": 9, "overlap": {"scheduler": {}}}])
     new = {"rollout": {"base": 4, "ranks": [{"data_pos": 1, "overlap": None}]}}
     assert rank_rollouts.saved_states(new) == (4, [{"data_pos": 1, "overlap": None}])
+
+
+def _stop_worker(rank: int, init_method: str, queue) -> None:
+    from colocate import loop
+    from colocate.trainer.distributed import init_distributed
+
+    info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method)
+    session = SimpleNamespace(dist=info)
+    asked = SimpleNamespace(requested=rank == 1, reason="SIGTERM" if rank == 1 else "")
+    queue.put((rank, [loop._stopping(session, asked), loop._stopping(session, SimpleNamespace(requested=False))]))
+
+
+def test_a_stop_asked_of_one_rank_stops_every_rank_at_the_same_boundary():
+    from colocate.trainer.distributed import free_port
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_stop_worker, args=(f"tcp://127.0.0.1:{free_port()}", queue), nprocs=2, join=True)
+    assert dict(queue.get() for _ in range(2)) == {0: [True, False], 1: [True, False]}
