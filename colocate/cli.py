@@ -1,7 +1,8 @@
 """The `colocate` command line: a thin click layer over the Python API.
 
 Owns: argument parsing, printing, and turning every error of :data:`~colocate.errors.USER_ERRORS`
-into one line on stderr with exit status 2. Leaves out: all behaviour (``colocate.api``).
+(and a collective broken by another rank going away) into one line on stderr with exit
+status 2. Leaves out: all behaviour (``colocate.api``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def _friendly(fn):
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except RuntimeError as exc:
+            from colocate.trainer.distributed import lost_peer
+
+            if not lost_peer(exc):
+                raise
+            first = str(exc).strip().splitlines()[0][:160]
+            click.echo(f"error: another rank went away during a collective ({first}); the rank that failed "
+                       "first says why (the launcher's last line names it)", err=True)
             sys.exit(2)
 
     return wrapper

@@ -6,7 +6,8 @@ HF-named state dict to rank 0 (`full_state_dict`), to every rank (`full_state_ev
 or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
 (`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
-`gather_rows`), and element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`).
+`gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), and telling a
+collective that failed because another rank went away (`lost_peer`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
 (tests use 1-2 ranks on loopback), nccl on CUDA with gloo beside it for host tensors
@@ -196,6 +197,16 @@ def all_gather_object(obj: object, info: DistInfo) -> list:
     out: list = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank went away (NCCL's
+    `DistBackendError`, or gloo's transport error on a closed connection)."""
+    backend_error = getattr(dist, "DistBackendError", ())
+    return isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_LOST))
 
 
 def rank_rows(batch_size: int, info: DistInfo) -> slice:

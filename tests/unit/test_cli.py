@@ -70,3 +70,38 @@ def test_a_rank_killed_by_a_signal_is_named_in_one_line():
     assert killed.startswith("rank 0 of 2 was killed by SIGKILL (most likely the kernel's out-of-memory killer")
     assert "\n" not in killed
     assert failure_line(0, -15, 4) == "rank 0 of 4 was killed by SIGTERM; the other ranks stopped after it"
+
+
+def test_a_collective_broken_by_a_lost_rank_is_one_line_and_other_errors_are_not_hidden():
+    from colocate import cli
+    from colocate.trainer.distributed import lost_peer
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                        "[127.0.0.1]:35251: Connection reset by peer. This is typically caused by a remote worker")
+    assert lost_peer(gloo) and not lost_peer(RuntimeError("CUDA error: out of memory"))
+
+    def broken():
+        raise gloo
+
+    with pytest.raises(SystemExit) as ended:
+        cli._friendly(broken)()
+    assert ended.value.code == 2
+
+    def bug():
+        raise RuntimeError("a real bug")
+
+    with pytest.raises(RuntimeError, match="a real bug"):  # not every RuntimeError becomes a line
+        cli._friendly(bug)()
+
+
+def test_the_lost_rank_line_names_the_collective_error(capsys):
+    from colocate import cli
+
+    def broken():
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:5000\nmore")
+
+    with pytest.raises(SystemExit):
+        cli._friendly(broken)()
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: another rank went away during a collective (Connection closed by peer [127.0.0.1]:5000); "
+                   "the rank that failed first says why (the launcher's last line names it)")
