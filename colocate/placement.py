@@ -73,11 +73,11 @@ class Placement:
 
     def position(self, base: int, drawn: int) -> int:
         """Data position of this rank's ``drawn``-th group (0-based) of a stream starting at ``base``."""
-        return base + drawn * self.engine_ranks + self.engine_rank
+        return base + union_id(drawn, self.engine_rank, self.engine_ranks)
 
     def global_id(self, local: int) -> int:
         """A local sample index (or group id) as the step's union names it."""
-        return local * self.engine_ranks + self.engine_rank
+        return union_id(local, self.engine_rank, self.engine_ranks)
 
     def engine_cores(self, cores: int) -> int:
         """CPU cores of this rank's engines: the node's cores over its engine ranks."""
@@ -92,6 +92,12 @@ class Placement:
                 return port
         raise ConfigError(f"no free port in {start}-{start + PORT_SPAN - 1} for the {role} engine of local rank "
                           f"{self.local_rank}; free one (another run on this node?)")
+
+
+def union_id(local: int, rank: int, ranks: int) -> int:
+    """Engine rank ``rank``'s local sample index (or group id) in the union of ``ranks``
+    ranks' shares: interleaved, so the union is what one rank would have drawn."""
+    return local * ranks + rank
 
 
 def _free(port: int) -> bool:

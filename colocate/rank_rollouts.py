@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from colocate.engine.scheduler import staleness_stats
 from colocate.errors import USER_ERRORS, ColocateError
+from colocate.placement import union_id
 from colocate.rollout_phase import StepRollout, rollout_stats
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
@@ -90,10 +91,10 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int) -> 
 
 def _renamed(sample, rank: int, ranks: int, n: int):
     """``sample`` of engine rank ``rank`` as the union names it: its local group g is the
-    union's group g·R + r (``Placement.global_id``), member m of it index (g·R + r)·n + m."""
+    union's group g·R + r (``placement.union_id``), member m of it index (g·R + r)·n + m."""
     if sample.group is None:
-        return dataclasses.replace(sample, index=sample.index * ranks + rank)
-    group = sample.group * ranks + rank
+        return dataclasses.replace(sample, index=union_id(sample.index, rank, ranks))
+    group = union_id(sample.group, rank, ranks)
     return dataclasses.replace(sample, index=group * n + sample.index % n, group=group)
 
 
@@ -133,7 +134,7 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
         by_group: dict[int, list[dict[str, Any]]] = {}
         for d in (o or {}).get("scheduler", {}).get("deferred", []):
             by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
-        groups += [(min(d["index"] for d in members) * old + r, members) for members in by_group.values()]
+        groups += [(union_id(min(d["index"] for d in members), r, old), members) for members in by_group.values()]
     groups.sort(key=lambda g: g[0])
     first = next(o for o in overlaps if o is not None)
     out = []
