@@ -75,10 +75,6 @@ class Placement:
         """Data position of this rank's ``drawn``-th group (0-based) of a stream starting at ``base``."""
         return base + union_id(drawn, self.engine_rank, self.engine_ranks)
 
-    def global_id(self, local: int) -> int:
-        """A local sample index (or group id) as the step's union names it."""
-        return union_id(local, self.engine_rank, self.engine_ranks)
-
     def engine_cores(self, cores: int) -> int:
         """CPU cores of this rank's engines: the node's cores over its engine ranks."""
         return max(1, cores // max(1, self.local_world // self.tp_size))

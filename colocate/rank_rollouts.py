@@ -4,7 +4,7 @@ Owns: :func:`gather` (every rank runs its share of the rollout; the parts, or th
 failure, are exchanged, so a rank whose rollout fails does not leave the others waiting
 in a collective: every rank raises, and a user error lets every rank checkpoint the last
 completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
-renamed into the union's index space (``Placement.global_id``) and sorted, so groups stay
+renamed into the union's index space (``placement.union_id``) and sorted, so groups stay
 contiguous and the union is what one rank would have drawn; the phase seconds of the
 slowest rank; counts summed; staleness over the union; per-rank engine metrics
 ``engines/<r>/…``), each rank's checkpointed rollout state (prompt stream position,

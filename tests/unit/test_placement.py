@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.placement import PORT_BASE, PORT_SPAN, Placement, placement_of
+from colocate.placement import PORT_BASE, PORT_SPAN, Placement, placement_of, union_id
 
 
 def test_every_rank_hosts_engines_with_tp_1_and_the_first_of_each_group_otherwise():
@@ -38,7 +38,7 @@ def test_prompt_streams_are_disjoint_and_their_union_is_one_ranks_stream():
     assert flat == [Placement().position(10, k) for k in range(12)] == list(range(10, 22))
     assert len(set(flat)) == 12
     # local sample indices / group ids name the union's the same way
-    assert sorted(p.global_id(i) for p in ranks for i in range(4)) == list(range(12))
+    assert sorted(union_id(i, p.engine_rank, p.engine_ranks) for p in ranks for i in range(4)) == list(range(12))
 
 
 def test_cpu_cores_split_over_the_nodes_engine_ranks():
