@@ -107,15 +107,15 @@ class TrainerSettings:
     @property
     def attn_implementation(self) -> str | None:
         """transformers' attention for the trainer's models. Packed: flash-attention 2 (varlen
-        kernels) on CUDA in half precision when `flash_attn` is installed, else
+        kernels) on CUDA in half precision when flash-attention 2 is installed
+        (`flash_attn_2_available`), else
         `VARLEN_SDPA` (causal sdpa per packed sequence, `trainer/varlen_attention.py`; sdpa
         over the whole row with transformers' block-diagonal mask does ~N^2 work per row of
         N tokens: 4-7x more on our CPU at 1200-4000 tokens, and flex attention has no CPU
         backward in torch 2.14). Padded: None, transformers' default (sdpa)."""
         if not self.packing:
             return None
-        flash = (self.device.startswith("cuda") and self.dtype != "float32"
-                 and importlib.util.find_spec("flash_attn") is not None)
+        flash = self.device.startswith("cuda") and self.dtype != "float32" and flash_attn_2_available()
         return "flash_attention_2" if flash else VARLEN_SDPA
 
     @property
@@ -127,3 +127,21 @@ class TrainerSettings:
         if self.micro_batch_tokens:
             return self.micro_batch_tokens
         return 8192 if self.attn_implementation == "flash_attention_2" else 1024
+
+
+def flash_attn_2_available() -> bool:
+    """Whether transformers will run ``attn_implementation="flash_attention_2"`` from an
+    installed package: flash-attention 2's ``flash_attn.flash_attn_interface`` must import
+    and transformers must accept it (``is_flash_attn_2_available``: the ``flash-attn``
+    distribution, >= 2.3.3, CUDA). ``find_spec("flash_attn")`` alone is not enough: the
+    flash-attn-4 wheel SGLang brings ships only ``flash_attn/cute/`` (a namespace package),
+    which transformers does not count as FA2; it then fetches a kernel from the Hub
+    instead, and offline the trainer fails to build."""
+    try:
+        if importlib.util.find_spec("flash_attn.flash_attn_interface") is None:
+            return False
+    except (ImportError, ValueError):  # a broken install (e.g. a CUDA extension of another torch)
+        return False
+    from transformers.utils import is_flash_attn_2_available
+
+    return bool(is_flash_attn_2_available())

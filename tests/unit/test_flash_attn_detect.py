@@ -1,0 +1,76 @@
+"""Flash-attention detection: what transformers will accept as ``flash_attention_2``.
+
+The flash-attn-4 wheel SGLang brings ships only ``flash_attn/cute/`` (a namespace
+package); ``find_spec("flash_attn")`` finds it, transformers does not count it as FA2.
+The layouts are built under ``tmp_path`` and put first on ``sys.path``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from colocate.trainer import settings as settings_mod
+from colocate.trainer.settings import TrainerSettings, flash_attn_2_available
+from colocate.trainer.varlen_attention import VARLEN_SDPA
+
+
+@pytest.fixture
+def clean_flash_attn(monkeypatch):
+    """No ``flash_attn`` module cached before or after the test."""
+    def drop():
+        for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+
+    drop()
+    yield
+    drop()
+
+
+def _cuda_bf16() -> TrainerSettings:
+    return TrainerSettings(actor_path="/m", device="cuda:0", dtype="bfloat16", packing=True)
+
+
+def test_a_namespace_only_flash_attn_4_is_not_flash_attention_2(tmp_path, monkeypatch, clean_flash_attn):
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("flash_attn") is not None  # the old check passed here
+    assert flash_attn_2_available() is False
+    assert _cuda_bf16().attn_implementation == VARLEN_SDPA
+    assert _cuda_bf16().token_budget == 1024
+
+
+def test_flash_attention_2_needs_its_interface_and_transformers_consent(tmp_path, monkeypatch, clean_flash_attn):
+    import transformers.utils
+
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '2.8.3'\n")
+    (pkg / "flash_attn_interface.py").write_text("def flash_attn_varlen_func(*a, **k):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    assert flash_attn_2_available() is True
+    assert _cuda_bf16().attn_implementation == "flash_attention_2" and _cuda_bf16().token_budget == 8192
+    # never on CPU, in float32 or padded
+    assert TrainerSettings(actor_path="/m", device="cpu", dtype="bfloat16", packing=True).attn_implementation == VARLEN_SDPA
+    assert TrainerSettings(actor_path="/m", device="cuda", dtype="float32", packing=True).attn_implementation == VARLEN_SDPA
+    assert TrainerSettings(actor_path="/m", device="cuda", dtype="bfloat16").attn_implementation is None
+    # transformers says no (e.g. an FA2 older than 2.3.3, or no CUDA): not flash_attention_2
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
+    assert flash_attn_2_available() is False
+
+
+def test_nothing_installed_and_a_broken_install_are_not_flash_attention_2(tmp_path, monkeypatch, clean_flash_attn):
+    assert importlib.util.find_spec("flash_attn") is None  # this machine has none
+    assert flash_attn_2_available() is False
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('undefined symbol: _ZN3c10 (built for another torch)')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert settings_mod.flash_attn_2_available() is False
