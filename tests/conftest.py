@@ -1,7 +1,16 @@
 """Shared fixtures: tiny random models built per session, and real SGLang engines on CPU.
 
 Engines are session-scoped (a start costs ~15 s on 2 cores); tests that change engine
-state (weights) restore it or use their own engine."""
+state (weights) restore it or use their own engine.
+
+Pinned to CPU, on a CUDA machine too: the shared engines start with ``device="cpu"`` and
+every run the tests build carries :data:`CPU` (``engines.device=cpu``, which also puts
+the trainer on CPU). What these tests check is the CPU path's facts (fp32 exactness
+against HF, release/resume a no-op, gloo); with ``device=auto`` a CUDA machine would give
+the shared engines CUDA and a test that releases one would leave later tests an engine
+with its KV cache and CUDA graphs unmapped. The CUDA path's own tests say so in their
+names and skip without CUDA (``tests/integration/test_trainer.py``); its decisions are
+unit-tested on CPU (``tests/unit/test_timesharing.py``, ``tests/unit/test_placement.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +18,8 @@ import pytest
 import torch
 
 from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+
+CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +46,7 @@ def tiny_rm_path(tiny_dir):
 def actor_engine(tiny_actor_path):
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
-    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", max_total_tokens=16384))
+    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384))
     yield eng
     eng.shutdown()
 
@@ -45,7 +56,8 @@ def reward_engine(tiny_rm_path):
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
     # the one engine of the test process with SGLang metrics on (they are process-global)
-    eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", max_total_tokens=16384, enable_metrics=True))
+    eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", device="cpu", max_total_tokens=16384,
+                                    enable_metrics=True))
     yield eng
     eng.shutdown()
 
@@ -78,4 +90,4 @@ def _run_overrides(models: tuple[str, str], out_dir, *extra: str) -> list[str]:
     actor, rm = models
     return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
             "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512",
-            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", *extra]
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", CPU, *extra]

@@ -48,7 +48,7 @@ def test_greedy_matches_hf_tokens_and_logprobs(actor_engine, tiny_actor_path):
 def test_qwen2_actor_matches_hf(tiny_qwen_path):
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
-    eng = SglangEngine(EngineConfig(tiny_qwen_path, role="actor", max_total_tokens=4096))
+    eng = SglangEngine(EngineConfig(tiny_qwen_path, role="actor", device="cpu", max_total_tokens=4096))
     try:
         s = Sample(0, PROMPTS[0], 10)
         run(eng, rollout.generate(eng, [s], {**GREEDY, "ignore_eos": True}, "qwen"))

@@ -48,7 +48,7 @@ def short_rm_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def short_rm(short_rm_path):
-    eng = SglangEngine(EngineConfig(short_rm_path, role="reward", max_total_tokens=4096))
+    eng = SglangEngine(EngineConfig(short_rm_path, role="reward", device="cpu", max_total_tokens=4096))
     yield eng
     eng.shutdown()
 

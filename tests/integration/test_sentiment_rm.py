@@ -98,7 +98,7 @@ def test_sglang_reward_engine_scores_like_hf(built, model, tokenizer):
         seqs += [ids, ids + [tokenizer.eos_token_id]]
     with torch.no_grad():
         want = [model(torch.tensor([s])).logits[0, 0].item() for s in seqs]
-    engine = SglangEngine(EngineConfig(str(built[0]), role="reward", max_total_tokens=8192))
+    engine = SglangEngine(EngineConfig(str(built[0]), role="reward", device="cpu", max_total_tokens=8192))
     try:
         got = engine.loop.run_until_complete(reward.score_many(engine, seqs, "srm"))
     finally:
