@@ -168,7 +168,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         raise ConfigError(f"engines.tp_size: {cfg.engines.tp_size} needs CUDA engines; on CPU each rank's engine "
                           "runs alone (tp_size 1)")
     dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
-    placement = placement_of(dist, cfg.engines.tp_size)
+    placement = placement_of(dist, cfg.engines.tp_size,
+                             visible_gpus=torch.cuda.device_count() if dist.device.type == "cuda" else 0)
     if dist.rank != 0:
         log = _quiet  # rank 0 speaks for the run
     actor_path = resolve_model(cfg.models.actor, "models.actor")

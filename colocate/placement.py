@@ -7,7 +7,9 @@ whole groups), which prompts it draws (engine rank r of R takes data positions
 ``base + k·R + r``: the ranks' streams are disjoint and their union is one rank's), how
 its samples are named in the step's union (its k-th local sample index/group ↦ k·R + r,
 so the union sorted by index is what one rank would have drawn), and where its engines
-run (GPU ``base_gpu_id`` = local rank; on CPU the rank's share of the cores; NCCL ports
+run (GPU ``base_gpu_id``: the trainer's own device, by the one rule
+``trainer.distributed.local_device_index``, so under a launcher that shows each process
+one GPU both pick 0; on CPU the rank's share of the cores; NCCL ports
 from disjoint per-rank ranges, so ranks starting engines side by side never race for one).
 
 Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.rank_rollouts``);
@@ -22,6 +24,7 @@ import socket
 from typing import Mapping
 
 from colocate.errors import ConfigError
+from colocate.trainer.distributed import local_device_index
 
 PORT_BASE = 31000  # NCCL ports of the engines' schedulers: PORT_BASE + PORT_SPAN * (2 * local rank + role)
 PORT_SPAN = 40
@@ -31,18 +34,25 @@ ROLES = ("actor", "reward")
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """This rank's place in the run: ``rank``/``world`` of the process group,
-    ``local_rank``/``local_world`` on its node, ``tp_size`` ranks per engine."""
+    ``local_rank``/``local_world`` on its node, ``tp_size`` ranks per engine,
+    ``visible_gpus`` CUDA devices this process sees (0: none, or not known)."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     local_world: int = 1
     tp_size: int = 1
+    visible_gpus: int = 0
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or self.local_world % self.tp_size:
             raise ConfigError(f"engines.tp_size: {self.tp_size} must be >= 1 and divide the {self.local_world} "
                               "training processes of each node (an engine's ranks share one node)")
+        if self.visible_gpus and self.hosts_engines and self.gpu_id + self.tp_size > self.visible_gpus:
+            raise ConfigError(
+                f"engines.tp_size: {self.tp_size} GPUs from GPU {self.gpu_id} on, but this process sees "
+                f"{self.visible_gpus}; let every process of the node see all its GPUs (CUDA_VISIBLE_DEVICES) "
+                "or use engines.tp_size=1")
 
     @property
     def hosts_engines(self) -> bool:
@@ -59,8 +69,9 @@ class Placement:
 
     @property
     def gpu_id(self) -> int:
-        """First GPU of this rank's engines (SGLang ``base_gpu_id``): the rank's own."""
-        return self.local_rank
+        """First GPU of this rank's engines (SGLang ``base_gpu_id``): the trainer's own
+        device (``local_device_index``: the local rank, or 0 when the process sees one GPU)."""
+        return local_device_index(self.local_rank, self.visible_gpus)
 
     def share(self, batch_size: int, group_size: int = 1) -> int:
         """Samples this rank's engines run per step (B/R; whole groups)."""
@@ -105,9 +116,11 @@ def _free(port: int) -> bool:
     return True
 
 
-def placement_of(dist, tp_size: int = 1, environ: Mapping[str, str] = os.environ) -> Placement:
+def placement_of(dist, tp_size: int = 1, environ: Mapping[str, str] = os.environ,
+                 visible_gpus: int = 0) -> Placement:
     """This process's placement (``dist``: its `DistInfo`); torchrun's ``LOCAL_RANK`` and
-    ``LOCAL_WORLD_SIZE`` say where it sits on its node (one node when they are unset)."""
+    ``LOCAL_WORLD_SIZE`` say where it sits on its node (one node when they are unset);
+    ``visible_gpus``: ``torch.cuda.device_count()`` on a CUDA run (0 on CPU)."""
     local_rank = int(environ.get("LOCAL_RANK", dist.rank))
     local_world = int(environ.get("LOCAL_WORLD_SIZE", dist.world_size))
-    return Placement(dist.rank, dist.world_size, local_rank, local_world, tp_size)
+    return Placement(dist.rank, dist.world_size, local_rank, local_world, tp_size, visible_gpus)

@@ -76,8 +76,8 @@ def init_distributed(
     Order: an existing group is reused; explicit `rank`/`world_size`/`init_method` (e.g.
     `torch.multiprocessing.spawn` workers) are used as given; torchrun's env:// rendezvous
     when its variables are present; otherwise a one-process group on a free loopback port.
-    On CUDA each rank uses `cuda:<LOCAL_RANK or rank>`. ``timeout_s``: how long a
-    collective may wait (None: torch's default, 10 min for NCCL); ranks > 0 wait through
+    On CUDA each rank uses `cuda:<local_device_index(LOCAL_RANK or rank, device count)>`.
+    ``timeout_s``: how long a collective may wait (None: torch's default, 10 min for NCCL); ranks > 0 wait through
     rank 0's whole rollout at one.
     """
     kind = torch.device(device).type
@@ -96,10 +96,18 @@ def init_distributed(
     info_rank, info_world = dist.get_rank(), dist.get_world_size()
     torch_device = torch.device("cpu")
     if kind == "cuda":
-        index = int(os.environ.get("LOCAL_RANK", info_rank)) % max(1, torch.cuda.device_count())
+        index = local_device_index(int(os.environ.get("LOCAL_RANK", info_rank)), torch.cuda.device_count())
         torch_device = torch.device("cuda", index)
         torch.cuda.set_device(torch_device)
     return DistInfo(info_rank, info_world, torch_device, dist.get_backend())
+
+
+def local_device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device index of the process with ``local_rank`` on its node when it sees
+    ``visible`` devices: the one rule of the trainer's device and its engines' first GPU
+    (``colocate.placement``). Every device visible: its own (``local_rank``); one device
+    per process (``CUDA_VISIBLE_DEVICES`` set per rank by a launcher): 0, the only one."""
+    return local_rank % visible if visible > 0 else local_rank
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

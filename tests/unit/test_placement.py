@@ -74,3 +74,29 @@ def test_tensor_parallel_engines_need_cuda_and_say_so_before_anything_starts():
 
     with pytest.raises(ConfigError, match="engines.tp_size: 2 needs CUDA engines"):
         builder.build(load_config(overrides=["engines.device=cpu", "engines.tp_size=2"]))
+
+
+@pytest.mark.parametrize("visible, want", [(0, [0, 1, 2, 3]), (4, [0, 1, 2, 3]), (1, [0, 0, 0, 0]), (2, [0, 1, 0, 1])])
+def test_engines_and_trainer_pick_one_gpu_by_one_rule(visible, want, monkeypatch):
+    """``visible``: torch.cuda.device_count() as each process sees it (1: a launcher that
+    sets CUDA_VISIBLE_DEVICES to one GPU per process; 0: CPU, the local rank as before)."""
+    import torch
+
+    from colocate.trainer.distributed import local_device_index
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    for local_rank, gpu in enumerate(want):
+        dist = SimpleNamespace(rank=4 + local_rank, world_size=8)
+        env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "4"}
+        engines = placement_of(dist, 1, env, visible_gpus=torch.cuda.device_count()).gpu_id
+        trainer = local_device_index(int(env["LOCAL_RANK"]), torch.cuda.device_count())  # what init_distributed picks
+        assert engines == trainer == gpu
+
+
+def test_tensor_parallel_engines_need_their_gpus_visible_or_one_line():
+    assert Placement(0, 4, 0, 4, tp_size=2, visible_gpus=4).gpu_id == 0
+    assert Placement(2, 4, 2, 4, tp_size=2, visible_gpus=4).gpu_id == 2
+    Placement(1, 4, 1, 4, tp_size=2, visible_gpus=1)  # a rank without engines only trains
+    with pytest.raises(ConfigError, match=r"engines.tp_size: 2 GPUs from GPU 0 on, but this process sees 1; "
+                                          r"let every process of the node see all its GPUs"):
+        Placement(0, 4, 0, 4, tp_size=2, visible_gpus=1)
