@@ -4,8 +4,8 @@ Owns: the weight-version agreement between the trainer and the actor engine (eve
 sampled token carries the version the engine reports; none may be newer than the
 trainer's, and in the sequential modes all must equal it), and the batch/world-size
 agreement checked at start-up, and that the user's script guards its entry point (SGLang
-spawns its scheduler processes, which re-import the script). Pure functions over plain
-Python values (the guard check reads the script's source).
+spawns its scheduler processes, which re-import the script, so it must be a file). Pure
+functions over plain Python values (the guard check reads the script's source).
 
 Leaves out: non-finite rewards/advantages/losses/grads (the loop and ``trainer.optim``
 skip those updates with a logged reason), engine liveness (``engine.runtime``).
@@ -67,6 +67,24 @@ def _is_main_guard(node: ast.stmt) -> bool:
             and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
 
 
+def check_main_file(main: ModuleType, entry: str = "colocate.api.train") -> None:
+    """Exit with one line when the spawned engine processes could not re-import ``main``.
+
+    ``multiprocessing.spawn`` re-runs the parent's ``__main__`` in every child: by module
+    name when it has a ``__spec__`` (``python -m``), else from its ``__file__``, else not at
+    all (``python -c``, a notebook, the REPL: those work). A script read from standard input
+    (``python - < script.py``, a here-document) has ``__file__`` ``'<stdin>'``, no file, so
+    every SGLang scheduler would die while starting with ``FileNotFoundError``."""
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or path is None or Path(path).is_file():
+        return
+    raise SystemExit(
+        f"error: {entry} cannot start SGLang's engines from a script read from {path} (standard input or a "
+        "here-document): their spawned processes re-import the main script from its file, and there is none; "
+        "save it to a file and run `python script.py` (with the `if __name__ == \"__main__\":` guard), "
+        "or pass it as `python -c \"$(cat script.py)\"`")
+
+
 def check_main_guard(main: ModuleType, entry: str = "colocate.api.train") -> None:
     """Exit with one line (SystemExit, no traceback) when the running script has no
     ``if __name__ == "__main__":`` guard.
@@ -79,6 +97,7 @@ fix, not an exception to handle. An interactive session or notebook (no source f
     if main.__dict__.get("__name__") == "__mp_main__":  # we are the spawned re-import itself
         source_ok = False
     else:
+        check_main_file(main, entry)
         path = getattr(main, "__file__", None)
         if not path or not str(path).endswith(".py") or not Path(path).is_file():
             return

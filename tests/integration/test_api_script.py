@@ -59,3 +59,16 @@ def test_readme_example_with_the_guard_trains(tmp_path, tiny_pair, run_overrides
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 steps in" in done.stdout
     assert (tmp_path / "run" / "export").is_dir()
+
+
+def test_readme_example_on_stdin_ends_with_one_line_before_any_engine_starts(tmp_path):
+    """`python - < script.py` (or a here-document): spawn would re-run '<stdin>' in every
+    scheduler; colocate refuses at once in one line naming the fix."""
+    code = readme_example()
+    done = subprocess.run([sys.executable, "-"], input=code, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "<stdin>" in lines[0] and "python script.py" in lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing started

@@ -108,3 +108,19 @@ def test_a_notebook_or_spawned_reimport():
     check_main_guard(types.ModuleType("__main__"))  # interactive: no __file__
     with pytest.raises(SystemExit, match="spawn"):
         check_main_guard(types.ModuleType("__mp_main__"))
+
+
+def test_a_script_on_stdin_exits_with_one_line_naming_the_fix():
+    import types
+
+    from colocate.guards import check_main_guard
+
+    main = types.ModuleType("__main__")
+    main.__file__ = "<stdin>"  # what `python - < script.py` and a here-document leave
+    with pytest.raises(SystemExit) as info:
+        check_main_guard(main)
+    msg = str(info.value)
+    assert "\n" not in msg and "<stdin>" in msg and "python script.py" in msg and "python -c" in msg
+    module = types.ModuleType("__main__")
+    module.__file__, module.__spec__ = "<stdin>", object()  # python -m: spawn re-imports by name
+    check_main_guard(module)
