@@ -209,8 +209,10 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
 
             overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share)
+        sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
+                                          quiesce=overlap.drain if overlap is not None else None)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
-                          RunState(), timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda"), out_dir, log, overlap,
+                          RunState(), sharing, out_dir, log, overlap,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement)
         if resume is not None:
             session.restore(Path(resume))

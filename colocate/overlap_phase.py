@@ -66,6 +66,7 @@ class Overlap:
         self.client: ScoreClient | None = None
         self._channel_seen: dict[str, int] = {}  # channel counts reported so far
         self._feeder_task = self._feeder_proc = None
+        self._feeder: RewardFeeder | None = None  # the inline feeder (None: none, or its own process)
         if o.streamed:
             self._start_feeder(feeder_engine, log)
 
@@ -86,9 +87,9 @@ class Overlap:
             log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
             self._wait_first_heartbeat()
         else:
-            feeder = RewardFeeder(self.reward_engine, chunks, results)
+            self._feeder = RewardFeeder(self.reward_engine, chunks, results)
             self._feeder_stop = asyncio.Event()
-            self._feeder_task = loop.create_task(feeder.run(self._feeder_stop))
+            self._feeder_task = loop.create_task(self._feeder.run(self._feeder_stop))
 
     def _wait_first_heartbeat(self, limit_s: float = 180.0) -> None:
         started = time.monotonic()
@@ -114,6 +115,13 @@ class Overlap:
         if self._feeder_task is not None and self._feeder_task.done():
             exc = self._feeder_task.exception() if not self._feeder_task.cancelled() else None
             raise FeederLostError(f"the reward feeder task stopped: {exc!r}")
+
+    def drain(self) -> None:
+        """Stop the inline feeder's scoring before the engines release their memory
+        (``RewardFeeder.drain``: what the step's cut left is not scored, what is in flight
+        comes back first). A feeder process scores on its own engine, never released."""
+        if self._feeder is not None:
+            run_guarded([self.actor, self.reward_engine], self._feeder.drain())
 
     def close(self) -> None:
         loop = self.actor.loop

@@ -3,8 +3,9 @@
 Owns: the order of sleep and wake. At start-up the engines give their memory back right
 after they start, before the trainer loads its models (:func:`release`), and the first
 wake pushes the trainer's weights (the actor's were released without a host copy). Before
-training: release every engine's weights, KV cache and CUDA graphs, each engine first
-waiting until its scheduler is idle (SGLang asserts it). After training (CUDA): wake the
+training: drain the inline reward feeder (``quiesce``: no scoring request may reach the
+reward engine from here to its wake), then release every engine's weights, KV cache and
+CUDA graphs, each engine first waiting until its scheduler is idle (SGLang asserts it). After training (CUDA): wake the
 engines' weights, push the actor's weights device to device while FSDP still holds its
 shards there (each tensor all-gathered in turn, cut into buckets, cast, handed over as
 CUDA-IPC handles: no host round trip, as slime and verl push), offload FSDP params and
@@ -42,21 +43,27 @@ def release(engines: Sequence) -> bool:
 class TimeSharing:
     """Sleep/wake sequence for this rank's actor and reward engine and its trainer.
     ``device_push``: the weights go device to device (the trainer trains on CUDA); the
-    same on every rank, engines or not, since the gather is collective."""
+    same on every rank, engines or not, since the gather is collective. ``quiesce``: stops
+    every request the engines would get from this rank's own tasks (the inline reward
+    feeder's scoring, ``Overlap.drain``) before they release."""
 
     def __init__(self, engines: list, trainer, log: Callable[[str], None] = print, *,
-                 device_push: bool = False) -> None:
+                 device_push: bool = False, quiesce: Callable[[], None] | None = None) -> None:
         self.engines = [e for e in engines if e is not None]
         self.trainer = trainer
         self.device_push = device_push
+        self.quiesce = quiesce
         self.active = any(e.device == "cuda" for e in self.engines)
         if not self.active and self.engines:
             log("time-sharing: CPU run — SGLang memory release/resume needs CUDA, so the "
                 "sleep/wake calls are no-ops here (measured, not an error)")
 
     def sleep_engines(self) -> None:
-        """Free engine weights, KV and CUDA graphs so training has the device."""
+        """Free engine weights, KV and CUDA graphs so training has the device (the
+        feeder's scoring stopped first)."""
         if self.active:
+            if self.quiesce is not None:
+                self.quiesce()
             release(self.engines)
         self.trainer.onload()
 

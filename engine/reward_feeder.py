@@ -44,12 +44,14 @@ class RewardFeeder:
         self._prompt_len: dict[tuple[int, int], int] = {}
         self._failed: set[tuple[int, int]] = set()  # requests whose ScoreError was sent
         self._step: int | None = None  # step of the latest chunk
+        self._drained: int | None = None  # the step `drain` closed: its late chunks are dropped
         self.rx_stats = ChannelStats()  # the chunk receiver's (the live one while running)
         self.chunks_seen = 0
         self.chunks_scored = 0
         self.forgotten = 0  # requests dropped unfinished (aborted by the step's cut)
         self.scored = 0
         self.failed = 0  # requests whose scoring failed (each answered with a ScoreError)
+        self.dropped_after_drain = 0  # chunks of a drained step, never scored
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set or a Shutdown message arrives."""
@@ -64,12 +66,7 @@ class RewardFeeder:
                     if isinstance(msg, Shutdown):
                         break
                     if isinstance(msg, TokenChunk):
-                        self.chunks_seen += 1
-                        if msg.step != self._step:  # a new step: the last one's leftovers are dead
-                            self._forget_other_steps(msg.step)
-                            self._step = msg.step
-                        for chunk in self._reorder.push(msg):
-                            self._schedule(chunk, tx)
+                        self.take(msg, tx)
                 pending = [t for t in self._tails.values() if not t.done()]
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
@@ -78,7 +75,36 @@ class RewardFeeder:
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
 
-    def _forget_other_steps(self, step: int) -> None:
+    def take(self, msg: TokenChunk, tx: AsyncSender) -> None:
+        """One chunk off the channel: dropped when its step was drained, else scored in
+        order after the request's earlier chunks."""
+        self.chunks_seen += 1
+        if msg.step == self._drained:
+            self.dropped_after_drain += 1
+            return
+        if msg.step != self._step:  # a new step: the last one's leftovers are dead
+            self._forget_other_steps(msg.step)
+            self._step, self._drained = msg.step, None
+        for chunk in self._reorder.push(msg):
+            self._schedule(chunk, tx)
+
+    async def drain(self) -> int:
+        """Stop scoring before the reward engine releases its memory; returns the scoring
+        requests waited for. The step's cut leaves chunks of aborted requests queued or
+        still on the way; scored after this, one would reach the scheduler between the
+        deferred flush and the release (SGLang asserts it is idle and the scheduler dies)
+        or while its KV is released (an illegal memory access). So: close the current step
+        (its queued chunks skip, later ones are dropped), wait for the requests already
+        sent to the reward engine to come back (cancelled, SGLang would still run them),
+        and forget every open request. The next step's first chunk opens scoring again."""
+        self._drained, self._step = self._step, None  # each chain's queued chunks now see their request forgotten
+        pending = [t for t in self._tails.values() if not t.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._forget_other_steps(None)
+        return len(pending)
+
+    def _forget_other_steps(self, step: int | None) -> None:
         """Drop the state of every request of another step. A step's client awaits the
         scores of all its finished requests before the next step sends anything, and one
         ZeroMQ socket keeps the sender's order, so what is left of other steps are requests

@@ -77,8 +77,8 @@ def init_distributed(
     `torch.multiprocessing.spawn` workers) are used as given; torchrun's env:// rendezvous
     when its variables are present; otherwise a one-process group on a free loopback port.
     On CUDA each rank uses `cuda:<local_device_index(LOCAL_RANK or rank, device count)>`.
-    ``timeout_s``: how long a collective may wait (None: torch's default, 10 min for NCCL); ranks > 0 wait through
-    rank 0's whole rollout at one.
+    ``timeout_s``: how long a collective may wait (None: torch's default, 10 min for
+    NCCL); ranks > 0 wait through rank 0's whole rollout at one.
     """
     kind = torch.device(device).type
     needed = "nccl" if kind == "cuda" else "gloo"

@@ -188,3 +188,18 @@ def test_weights_are_cast_to_the_engine_dtype_bucket_by_bucket():
     plain = list(weight_sync.buckets(state, 1024))
     assert [[n for n, _ in b] for b in plain] == [["a"], ["b"], ["steps"]]
     assert plain[0][0][1].dtype == torch.float32
+
+
+def test_the_feeders_scoring_stops_before_any_engine_releases():
+    calls: list = []
+    ts = timesharing.TimeSharing([_Engine("actor", calls), _Engine("reward", calls)], _Trainer(calls),
+                                 device_push=True, quiesce=lambda: calls.append(("feeder", "drain")))
+    ts.sleep_engines()
+    assert calls == [("feeder", "drain"), ("actor", "release", MEMORY_TAGS), ("reward", "release", MEMORY_TAGS),
+                     ("trainer", "onload")]
+    calls.clear()  # on CPU nothing is released, so nothing is drained (the step's leftovers are dropped as before)
+    cpu = timesharing.TimeSharing([_Engine("actor", calls, device="cpu")], _Trainer(calls), log=lambda m: None,
+                                  quiesce=lambda: calls.append(("feeder", "drain")))
+    cpu.sleep_engines()
+    assert calls == [("trainer", "onload")]
+
