@@ -74,6 +74,16 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
     return actor, reward
 
 
+def tp_barrier(placement: Placement, dist) -> Callable[[], None] | None:
+    """The barrier of the sleep/wake order where a tensor-parallel engine's shards share
+    GPUs with other ranks' trainers (``engines.tp_size`` > 1); None otherwise."""
+    if placement.tp_size == 1:
+        return None
+    from colocate.trainer.distributed import barrier
+
+    return lambda: barrier(dist)
+
+
 def own_feeder(cfg: Config) -> bool:
     """Whether the reward model is served by the feeder's own process, not in this one."""
     return cfg.overlap.streamed and cfg.overlap.feeder == "process"
@@ -197,8 +207,11 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
     # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
     random.seed(cfg.run.seed)
+    barrier = tp_barrier(placement, dist)
     try:
         timesharing.release([actor, reward])  # CUDA: the device back before the trainer loads (woken in wake_engines)
+        if barrier is not None:
+            barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
         trainer = make_trainer(cfg, actor_path, critic_path, dist)
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
@@ -210,7 +223,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
             overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share)
         sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
-                                          quiesce=overlap.drain if overlap is not None else None)
+                                          quiesce=overlap.drain if overlap is not None else None,
+                                          barrier=barrier)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), sharing, out_dir, log, overlap,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement)

@@ -5,12 +5,18 @@ after they start, before the trainer loads its models (:func:`release`), and the
 wake pushes the trainer's weights (the actor's were released without a host copy). Before
 training: drain the inline reward feeder (``quiesce``: no scoring request may reach the
 reward engine from here to its wake), then release every engine's weights, KV cache and
-CUDA graphs, each engine first waiting until its scheduler is idle (SGLang asserts it). After training (CUDA): wake the
-engines' weights, push the actor's weights device to device while FSDP still holds its
-shards there (each tensor all-gathered in turn, cut into buckets, cast, handed over as
-CUDA-IPC handles: no host round trip, as slime and verl push), offload FSDP params and
-optimizer state, empty torch's cache, then wake the KV caches and CUDA graphs (waking KV
-before the push is how peers hit OOM at wake-up). On CPU, SGLang's
+CUDA graphs, each engine first waiting until its scheduler is idle (SGLang asserts it).
+After training (CUDA): offload what the weight gather does not need (optimizer states,
+reference, critic: verl's order), wake the engines' weights, push the actor's weights
+device to device while FSDP still holds its shards there (each tensor all-gathered in
+turn, cut into buckets, cast, handed over as CUDA-IPC handles: no host round trip, as
+slime and verl push), offload the actor, empty torch's cache, then wake the KV caches
+and CUDA graphs (waking KV before the push is how peers hit OOM at wake-up). The peak of
+the push is then the actor's FSDP shard + the engines' weights + one gathered tensor +
+two buckets, not the whole training state beside the engines' weights. A tensor-parallel
+engine (``engines.tp_size`` > 1) holds shards on the GPUs of ranks that host no engine:
+``barrier`` (every rank) keeps them from loading their trainer before the release is
+done, and the engine from waking weights, then KV, before they have offloaded. On CPU, SGLang's
 memory saver does nothing (it needs CUDA), so every call is a no-op by design;
 :class:`TimeSharing` says so once.
 
@@ -45,14 +51,17 @@ class TimeSharing:
     ``device_push``: the weights go device to device (the trainer trains on CUDA); the
     same on every rank, engines or not, since the gather is collective. ``quiesce``: stops
     every request the engines would get from this rank's own tasks (the inline reward
-    feeder's scoring, ``Overlap.drain``) before they release."""
+    feeder's scoring, ``Overlap.drain``) before they release. ``barrier``: waits for every
+    rank (tensor-parallel engines, whose shards share GPUs with other ranks' trainers)."""
 
     def __init__(self, engines: list, trainer, log: Callable[[str], None] = print, *,
-                 device_push: bool = False, quiesce: Callable[[], None] | None = None) -> None:
+                 device_push: bool = False, quiesce: Callable[[], None] | None = None,
+                 barrier: Callable[[], None] | None = None) -> None:
         self.engines = [e for e in engines if e is not None]
         self.trainer = trainer
         self.device_push = device_push
         self.quiesce = quiesce
+        self.barrier = barrier or (lambda: None)
         self.active = any(e.device == "cuda" for e in self.engines)
         if not self.active and self.engines:
             log("time-sharing: CPU run — SGLang memory release/resume needs CUDA, so the "
@@ -65,24 +74,28 @@ class TimeSharing:
             if self.quiesce is not None:
                 self.quiesce()
             release(self.engines)
+        self.barrier()  # a TP engine's shards are off every GPU before any trainer loads
         self.trainer.onload()
 
     def wake_and_sync(self, gather: Callable[[], State], push: Callable[[State], float]) -> float:
         """Push the trainer's weights into the engines, with the engines' memory woken
         around it; returns the sync seconds.
 
-        CUDA: wake the engines' weights, push what ``gather`` makes (the trainer's tensors
-        gathered one at a time on the device while FSDP still holds its shards there,
-        each bucket cast and sent device to device), then offload the training state,
+        CUDA: offload all but the actor's parameters, wake the engines' weights, push what
+        ``gather`` makes (the actor's tensors gathered one at a time on the device from
+        FSDP's shards, each bucket cast and sent device to device), then offload the actor,
         empty torch's cache and wake KV caches and CUDA graphs. Elsewhere: gather to host,
         offload (nothing to free), push."""
         start = time.perf_counter()
         if self.device_push:
+            self.trainer.offload(keep_actor=True)  # optimizer states, reference, critic: the gather needs none
+            self.barrier()  # every rank's room made before a TP engine's weights wake on its GPU
             for e in self.engines:
                 e.resume_memory([WEIGHTS])
             push(gather())
             self.trainer.offload()
             torch.cuda.empty_cache()  # what the push staged on the device goes back before KV wakes
+            self.barrier()  # every rank offloaded before a TP engine's KV wakes on its GPU
             for e in self.engines:
                 e.resume_memory([KV_CACHE, CUDA_GRAPH])
             return time.perf_counter() - start

@@ -6,7 +6,8 @@ HF-named state dict to rank 0 (`full_state_dict`), to every rank (`full_state_ev
 or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
 (`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
-`gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), and telling a
+`gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), a barrier
+(`barrier`), and telling a
 collective that failed because another rank went away (`lost_peer`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
@@ -248,3 +249,13 @@ def all_reduce_max(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.world_size > 1:
         dist.all_reduce(total, op=dist.ReduceOp.MAX)
     return total
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait until every rank reaches this point (nothing with a world of one)."""
+    if info.world_size == 1:
+        return
+    if info.device.type == "cuda":
+        dist.barrier(device_ids=[info.device.index])
+    else:
+        dist.barrier()

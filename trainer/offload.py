@@ -59,6 +59,8 @@ class HostStash:
             slots = {id(p): p for p in module.parameters()}
 
             def to_host(t: torch.Tensor) -> torch.Tensor:
+                if t.device.type == "cpu":  # moved by an earlier offload (e.g. all but the actor first)
+                    return t
                 if id(t) in slots:
                     return self._to_host(("param", id(t)), t)
                 return t.to("cpu")  # buffers and gradients: small, or None after each optimizer step

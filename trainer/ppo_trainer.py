@@ -277,18 +277,22 @@ class PPOTrainer:
             load_training_state(self.critic, self.critic_optim, state.get("critic", {}), self.dist)
         self.updates = dict(broadcast_object(state.get("updates"), self.dist))
 
-    def offload(self) -> bool:
+    def offload(self, keep_actor: bool = False) -> bool:
         """CUDA: move actor, reference, critic and optimizer state to host memory and free the
         cache -> True (into reused pinned buffers unless ``host_offload="pageable"``).
+        ``keep_actor``: everything but the actor's parameters (what the weight gather reads),
+        so the engines' weights wake into the room the optimizer states and the other models
+        leave; a later `offload()` moves the actor (what is on the host already stays).
 
         On CPU there is nothing to free: returns False and does nothing. Collective-free.
         """
         if self.dist.device.type != "cuda":
             return False
+        models = tuple(m for m in self._models() if not (keep_actor and m is self.actor))
         if self.settings.host_offload == "pinned":
-            self.stash.offload(self._models(), self._optimizers())
+            self.stash.offload(models, self._optimizers())
         else:
-            self._move_plainly("cpu")
+            self._move_plainly("cpu", models)
         torch.cuda.empty_cache()
         return True
 
@@ -321,8 +325,8 @@ class PPOTrainer:
     def _optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
         return tuple(o for o in (self.actor_optim, self.critic_optim) if o is not None)
 
-    def _move_plainly(self, device: torch.device | str) -> None:
-        for model in self._models():
+    def _move_plainly(self, device: torch.device | str, models: tuple[nn.Module, ...] | None = None) -> None:
+        for model in self._models() if models is None else models:
             model.to(device)
         for optimizer in self._optimizers():
             move_optimizer_state(optimizer, device)

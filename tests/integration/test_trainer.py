@@ -352,10 +352,14 @@ def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> Non
         def push(pairs):
             seen["state"] = {name: t.to("cpu", copy=True) for name, t in pairs}
             seen["pushed_on"] = next(trainer.actor.parameters()).device.type
+            first = next(iter(trainer.actor.parameters()))
+            seen["idle_on"] = {next(trainer.critic.parameters()).device.type, next(trainer.ref.parameters()).device.type,
+                               trainer.actor_optim.state[first]["exp_avg"].device.type}
             return 0.0
 
         TimeSharing([], trainer, device_push=True).wake_and_sync(trainer.actor_tensors, push)
         assert seen["pushed_on"] == "cuda"  # gathered and pushed while FSDP still held its shards on the device
+        assert seen["idle_on"] == {"cpu"}  # what the gather does not need was offloaded before the engines woke
         assert next(trainer.actor.parameters()).device.type == "cpu"  # offloaded after the push
         # an offloaded trainer still gathers and checkpoints (host tensors go over the gloo side of the group)
         assert_same_tensors(seen["state"], trainer.actor_state_for_sync())

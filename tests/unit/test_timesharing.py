@@ -115,8 +115,8 @@ class _Trainer:
     def onload(self):
         self.calls.append(("trainer", "onload"))
 
-    def offload(self):
-        self.calls.append(("trainer", "offload"))
+    def offload(self, keep_actor=False):
+        self.calls.append(("trainer", "offload all but the actor" if keep_actor else "offload"))
 
 
 def test_sleep_releases_every_tag_of_every_engine_and_wake_is_staged():
@@ -140,6 +140,7 @@ def test_sleep_releases_every_tag_of_every_engine_and_wake_is_staged():
     seconds = ts.wake_and_sync(gather, lambda pairs: calls.append(("actor", "push", tuple(n for n, _ in pairs))) or 2.5)
     assert seconds >= 0
     assert calls == [
+        ("trainer", "offload all but the actor"),  # optimizer states, ref, critic: the gather reads none of them
         ("actor", "resume", ("weights",)), ("reward", "resume", ("weights",)),  # room for the new weights first
         ("trainer", "gather"),
         ("trainer", "all-gather", "w"), ("trainer", "all-gather", "v"),  # on the device, FSDP's shards still there
@@ -156,7 +157,7 @@ def test_a_cuda_rank_without_engines_still_takes_its_part_in_the_device_gather()
     calls: list = []
     ts = timesharing.TimeSharing([None, None], _Trainer(calls), log=calls.append, device_push=True)
     ts.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: calls.append(("push", [n for n, _ in pairs])) or 0.0)
-    assert calls == [("push", ["w"]), ("trainer", "offload")]  # same order as the ranks with engines
+    assert calls == [("trainer", "offload all but the actor"), ("push", ["w"]), ("trainer", "offload")]  # same order
 
 
 def test_on_cpu_the_engines_are_never_released_and_it_is_said_once():
@@ -203,3 +204,36 @@ def test_the_feeders_scoring_stops_before_any_engine_releases():
     cpu.sleep_engines()
     assert calls == [("trainer", "onload")]
 
+
+
+def test_tensor_parallel_ranks_wait_for_the_release_and_the_engine_for_their_offload():
+    """tp_size 2: rank 0 hosts the engine, whose second shard lives on rank 1's GPU."""
+    calls: list = []
+    host = timesharing.TimeSharing([_Engine("actor", calls)], _Trainer(calls), device_push=True,
+                                   barrier=lambda: calls.append(("rank 0", "barrier")))
+    host.sleep_engines()
+    assert calls == [("actor", "release", MEMORY_TAGS), ("rank 0", "barrier"), ("trainer", "onload")]
+    calls.clear()
+    host.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: calls.append(("actor", "push")) or [*pairs] and 0.0)
+    assert calls == [("trainer", "offload all but the actor"), ("rank 0", "barrier"),  # rank 1 made room too
+                     ("actor", "resume", ("weights",)), ("actor", "push"), ("trainer", "offload"),
+                     ("rank 0", "barrier"),  # rank 1 offloaded its actor too
+                     ("actor", "resume", ("kv_cache", "cuda_graph"))]
+    # rank 1 has no engine (and so no CUDA engine to call it active): the same barriers, in the same places
+    other: list = []
+    trains = timesharing.TimeSharing([None], _Trainer(other), device_push=True, log=other.append,
+                                     barrier=lambda: other.append(("rank 1", "barrier")))
+    trains.sleep_engines()
+    trains.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: [*pairs] and 0.0)
+    assert other == [("rank 1", "barrier"), ("trainer", "onload"), ("trainer", "offload all but the actor"),
+                     ("rank 1", "barrier"), ("trainer", "offload"), ("rank 1", "barrier")]
+
+
+def test_only_tensor_parallel_engines_get_a_barrier():
+    from types import SimpleNamespace
+
+    from colocate.placement import Placement
+
+    dist = SimpleNamespace(world_size=2, device=torch.device("cpu"))
+    assert builder.tp_barrier(Placement(0, 2, 0, 2), dist) is None
+    assert callable(builder.tp_barrier(Placement(0, 2, 0, 2, tp_size=2), dist))
