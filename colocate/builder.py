@@ -84,6 +84,17 @@ def tp_barrier(placement: Placement, dist) -> Callable[[], None] | None:
     return lambda: barrier(dist)
 
 
+def check_device_choices(cfg: Config, device: str) -> None:
+    """Settings the resolved ``device`` (cpu | cuda) cannot run, refused in one line
+    before anything starts."""
+    if device == "cpu" and cfg.engines.tp_size > 1:
+        raise ConfigError(f"engines.tp_size: {cfg.engines.tp_size} needs CUDA engines; on CPU each rank's engine "
+                          "runs alone (tp_size 1)")
+    if device == "cuda" and own_feeder(cfg):
+        raise ConfigError("overlap.feeder=process is not supported on CUDA: its process's reward engine is never "
+                          "released, so it would hold GPU memory while the trainer trains; use overlap.feeder=inline")
+
+
 def own_feeder(cfg: Config) -> bool:
     """Whether the reward model is served by the feeder's own process, not in this one."""
     return cfg.overlap.streamed and cfg.overlap.feeder == "process"
@@ -174,9 +185,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     device = cfg.engines.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and cfg.engines.tp_size > 1:
-        raise ConfigError(f"engines.tp_size: {cfg.engines.tp_size} needs CUDA engines; on CPU each rank's engine "
-                          "runs alone (tp_size 1)")
+    check_device_choices(cfg, device)
     dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
     placement = placement_of(dist, cfg.engines.tp_size,
                              visible_gpus=torch.cuda.device_count() if dist.device.type == "cuda" else 0)

@@ -100,3 +100,18 @@ def test_tensor_parallel_engines_need_their_gpus_visible_or_one_line():
     with pytest.raises(ConfigError, match=r"engines.tp_size: 2 GPUs from GPU 0 on, but this process sees 1; "
                                           r"let every process of the node see all its GPUs"):
         Placement(0, 4, 0, 4, tp_size=2, visible_gpus=1)
+
+
+
+def test_a_feeder_process_is_refused_on_cuda_before_anything_starts():
+    from colocate import builder
+    from colocate.config import load_config
+
+    process = load_config(overrides=["overlap.mode=intra", "overlap.feeder=process"])
+    with pytest.raises(ConfigError, match=r"^overlap.feeder=process is not supported on CUDA: .*use overlap.feeder=inline$"):
+        builder.check_device_choices(process, "cuda")
+    builder.check_device_choices(process, "cpu")
+    builder.check_device_choices(load_config(overrides=["overlap.mode=intra"]), "cuda")  # inline
+    builder.check_device_choices(load_config(overrides=["overlap.mode=inter", "overlap.feeder=process"]), "cuda")  # no streaming, no feeder
+    with pytest.raises(ConfigError, match="overlap.feeder=process"):  # build says it before any engine or group starts
+        builder.build(load_config(overrides=["engines.device=cuda", "overlap.mode=oppo", "overlap.feeder=process"]))
