@@ -42,11 +42,22 @@ def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
 
 
 def engine_dtype(cfg: Config, cuda_available: bool) -> str:
-    """``engines.dtype``; auto: bfloat16 where the engines run on CUDA, else ``models.dtype``."""
+    """``engines.dtype``; auto: bfloat16 where the engines run on CUDA, else the trainer's
+    dtype on CPU (``trainer_dtype``)."""
     if cfg.engines.dtype != "auto":
         return cfg.engines.dtype
     on_cuda = cfg.engines.device == "cuda" or (cfg.engines.device == "auto" and cuda_available)
-    return "bfloat16" if on_cuda else cfg.models.dtype
+    return "bfloat16" if on_cuda else trainer_dtype(cfg, "cpu")
+
+
+def trainer_dtype(cfg: Config, device_type: str) -> str:
+    """The trainer's compute dtype: ``models.dtype``; auto: bfloat16 (mixed precision over
+    fp32 master weights) when it trains on CUDA, where the engines serve bf16 too (so
+    ``ppo.old_logp=rollout`` compares like with like, and the trainer runs at the GPU's
+    bf16 rate), float32 on CPU (exact against HF; bf16 matmuls there are slower)."""
+    if cfg.models.dtype != "auto":
+        return cfg.models.dtype
+    return "bfloat16" if device_type == "cuda" else "float32"
 
 
 def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placement: Placement = Placement()):
@@ -122,7 +133,8 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
 
     p, o = cfg.ppo, cfg.overlap
     return PPOTrainer(TrainerSettings(
-        actor_path=actor_path, critic_path=critic_path, dtype=cfg.models.dtype, device=str(dist.device),
+        actor_path=actor_path, critic_path=critic_path, dtype=trainer_dtype(cfg, dist.device.type),
+        device=str(dist.device),
         seed=cfg.run.seed, actor_lr=p.actor_lr, critic_lr=p.critic_lr, weight_decay=p.weight_decay,
         max_grad_norm=p.max_grad_norm, epochs=p.epochs, minibatches=p.minibatches, clip_eps=p.clip_eps,
         value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,

@@ -26,7 +26,10 @@ class ModelsConfig:
     actor: str = "smollm2"  # a HF folder, or "smollm2" (packaged SmolLM2-135M-Instruct)
     reward: str = "sentiment-rm"  # a causal seq-cls folder, or "sentiment-rm" (built by prepare)
     critic: str | None = None  # backbone of the critic; None: the actor's
-    dtype: str = "float32"
+    # the trainer's compute dtype (master weights and optimizer state stay float32); auto:
+    # bfloat16 mixed precision when it trains on CUDA (FSDP2 MixedPrecisionPolicy, fp32
+    # gradient reduction; the engines serve bf16 there), float32 on CPU (the exact path)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False  # run code a model folder ships (auto_map); off unless asked
 
 
@@ -132,6 +135,11 @@ class OverlapConfig:
     delta_max: int = 8
     delta_adaptive: bool = True
     window: int = 5
+    # what a straggler does at the cut (SGLang's pause modes): abort (its partial is resumed
+    # next step as prompt + partial, re-prefilled), in_place (stays in the engine with its KV
+    # and continues after the weight update: in-flight update; CPU only), retract (stays
+    # in the engine's queue, its KV recomputed under the new weights)
+    pause_mode: Literal["abort", "in_place", "retract"] = "abort"
     # staleness of deferred tokens (sampled under older weights)
     staleness: Literal["is", "mask"] = "is"  # truncated importance sampling | mask old tokens
     is_cap: float = 2.0

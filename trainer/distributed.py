@@ -127,13 +127,20 @@ def shard_model(model: nn.Module, info: DistInfo, param_dtype: torch.dtype | Non
     bfloat16) makes forward/backward compute in that dtype with fp32 gradient reduction.
     """
     mesh = info.mesh()
-    policy = MixedPrecisionPolicy()
-    if param_dtype is not None and param_dtype != torch.float32:
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    policy = precision_policy(param_dtype)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def precision_policy(param_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """FSDP2's policy for compute in ``param_dtype``: the all-gathered parameters cast to it
+    for forward/backward, gradients reduced in float32 into the float32 master shards (the
+    optimizer steps those); None or float32: no casting."""
+    if param_dtype is None or param_dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

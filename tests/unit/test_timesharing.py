@@ -237,3 +237,24 @@ def test_only_tensor_parallel_engines_get_a_barrier():
     dist = SimpleNamespace(world_size=2, device=torch.device("cpu"))
     assert builder.tp_barrier(Placement(0, 2, 0, 2), dist) is None
     assert callable(builder.tp_barrier(Placement(0, 2, 0, 2, tp_size=2), dist))
+
+
+@pytest.mark.parametrize("overrides, device, want", [
+    ([], "cuda", "bfloat16"),  # auto: bf16 compute over fp32 master weights on CUDA
+    ([], "cpu", "float32"),  # auto on CPU: the exact path
+    (["models.dtype=float32"], "cuda", "float32"),  # explicit wins
+    (["models.dtype=bfloat16"], "cpu", "bfloat16"),
+])
+def test_trainer_dtype_and_its_fsdp_policy(overrides, device, want):
+    from colocate.trainer.distributed import precision_policy
+
+    cfg = load_config(overrides=overrides)
+    assert builder.trainer_dtype(cfg, device) == want
+    policy = precision_policy(getattr(torch, want))
+    if want == "float32":
+        assert policy.param_dtype is None and policy.reduce_dtype is None  # no casting at all
+    else:  # forward/backward in bf16, gradients reduced in fp32 into the fp32 shards the optimizer steps
+        assert policy.param_dtype == getattr(torch, want) and policy.reduce_dtype == torch.float32
+    # the CPU engines serve what the CPU trainer computes in (auto)
+    assert builder.engine_dtype(load_config(overrides=[*overrides, "engines.device=cpu"]), False) == \
+        builder.trainer_dtype(cfg, "cpu")
