@@ -48,7 +48,8 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
     run_sequential(
         s.actor, samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
         s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
-        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev")
+        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev",
+        score_timeout_s=s.cfg.overlap.feeder_timeout_s)
     raw = [x.score for x in samples]
     if s.overlap is not None and s.overlap.hosts_reward_model:  # overlap.feeder=process
         pairs = [(x.prompt_ids, x.output_ids) for x in samples]

@@ -39,7 +39,7 @@ def rollout(s: Session) -> StepRollout | None:
         samples = [s.new_sample(i) for i in range(s.placement.share(s.cfg.rollout.batch_size, s.cfg.rollout.group_size))]
         seconds = run_sequential(
             s.actor, samples, _sampling(s), s.state.step,
-            reward_engine=s.reward_engine, reward_fns=s.reward_fns,
+            reward_engine=s.reward_engine, reward_fns=s.reward_fns, score_timeout_s=s.cfg.overlap.feeder_timeout_s,
             decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
         part = StepRollout(samples, seconds, rollout_stats(samples))
     return part.with_stats(s.requests_since(served))

@@ -85,14 +85,16 @@ async def score_samples(
     decode: Callable[[list[int]], str] | None = None,
     tag: str,
     step: int | None = None,
+    timeout_s: float | None = None,
 ) -> list[float]:
     """Sum of the reward model's score (if any) and every reward function's value (on each
-    sample's decoded response and prompt record). A reward request the engine refuses
-    raises one `RewardRequestError` line naming (step, sample)."""
+    sample's decoded response and prompt record). A reward request the engine refuses, or
+    does not answer within ``timeout_s``, raises one `RewardRequestError` line naming
+    (step, sample)."""
     totals = [0.0] * len(samples)
     if reward_engine is not None:
         seqs = [s.prompt_ids + s.output_ids for s in samples]
-        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag, step=step)):
+        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag, step=step, timeout_s=timeout_s)):
             totals[i] += v
     if reward_fns:
         texts = [decode(s.output_ids) for s in samples]
@@ -117,9 +119,12 @@ def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sampl
 def run_sequential(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
     *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None, tag_prefix: str = "st",
+    score_timeout_s: float | None = None,
 ) -> dict[str, float]:
     """Generate all samples (a group's shared prompt prefilled once), then score them
-    (``Sample.score``); request ids start with ``tag_prefix``. Returns the phase seconds."""
+    (``Sample.score``), each reward-model score within ``score_timeout_s`` (the streamed
+    modes' deadline, ``overlap.feeder_timeout_s``); request ids start with ``tag_prefix``.
+    Returns the phase seconds."""
     import time
 
     tag = f"{tag_prefix}{step:07d}"
@@ -130,7 +135,8 @@ def run_sequential(
     run_guarded(engines, rollout.generate(actor, samples, sampling, tag))
     t1 = time.perf_counter()
     scores = run_guarded(engines, score_samples(
-        samples, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm", step=step))
+        samples, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm", step=step,
+        timeout_s=score_timeout_s))
     for sample, score in zip(samples, scores):
         sample.score = score
     t2 = time.perf_counter()

@@ -59,10 +59,14 @@ async def score(engine: SglangEngine, input_ids: list[int], rid: str, *, request
                 timeout_s: float | None = None) -> float:
     """Score of the whole sequence (the reward head at its last token). A request the
     engine refuses or fails, or (``timeout_s``) does not answer in time (it is then
-    aborted), raises :class:`RewardRequestError` naming ``request`` (or ``rid``)."""
+    aborted), raises :class:`RewardRequestError` naming ``request`` (or ``rid``); a
+    cancelled one is aborted in the engine too (no request of a failed step stays there)."""
     try:
         return _to_score(await asyncio.wait_for(engine.score(rid, list(input_ids)), timeout_s))
     except EngineError:
+        raise
+    except asyncio.CancelledError:  # another request of the step failed: this one is dropped with it
+        engine.abort(rid)
         raise
     except asyncio.TimeoutError:
         engine.abort(rid)
@@ -74,13 +78,14 @@ async def score(engine: SglangEngine, input_ids: list[int], rid: str, *, request
 
 
 async def score_many(engine: SglangEngine, seqs: Sequence[list[int]], tag: str,
-                     *, step: int | None = None) -> list[float]:
-    """Scores of several sequences, requested concurrently; the first failure cancels the
-    rest and raises (its message names ``(step, sample i)`` when ``step`` is given)."""
+                     *, step: int | None = None, timeout_s: float | None = None) -> list[float]:
+    """Scores of several sequences, requested concurrently, each within ``timeout_s``; the
+    first failure cancels the rest and raises (its message names ``(step, sample i)`` when
+    ``step`` is given)."""
     def name(i: int) -> str | None:
         return None if step is None else f"(step {step}, sample {i})"
 
-    tasks = [asyncio.ensure_future(score(engine, s, f"{tag}-{i:08d}", request=name(i)))
+    tasks = [asyncio.ensure_future(score(engine, s, f"{tag}-{i:08d}", request=name(i), timeout_s=timeout_s))
              for i, s in enumerate(seqs)]
     try:
         return list(await asyncio.gather(*tasks))

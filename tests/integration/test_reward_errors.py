@@ -117,6 +117,31 @@ def test_sequential_score_error_is_one_line(actor_engine, short_rm):
     _one_line_about_a_long_sample(e.value, 5)
 
 
+def test_sequential_score_that_never_comes_ends_the_step_in_one_line(actor_engine, short_rm):
+    """A reward engine that never answers (its processes stopped: alive, silent, as with a
+    request its KV pool cannot hold) fails the sequential step within the deadline; the
+    engine serves again once it runs."""
+    fits = [s for s in _samples() if s.index % 2 == 0]
+    deadline = 3.0
+    children = [psutil.Process(p) for p in short_rm.child_pids]
+    for child in children:
+        child.suspend()
+    try:
+        started = time.monotonic()
+        with pytest.raises(RewardRequestError) as e:
+            run_sequential(actor_engine, fits, GREEDY, 7, reward_engine=short_rm, score_timeout_s=deadline)
+        took = time.monotonic() - started
+    finally:
+        for child in children:
+            child.resume()
+    text = str(e.value)
+    assert "\n" not in text and f"no score within {deadline:g} s" in text and "(step 7, sample " in text, text
+    assert took < deadline + 15  # generation (a few tokens) + the deadline, not forever
+    again = [s for s in _samples() if s.index % 2 == 0]
+    run_sequential(actor_engine, again, GREEDY, 8, reward_engine=short_rm, score_timeout_s=60)
+    assert all(s.score is not None for s in again)
+
+
 # ---------------------------------------------------------------- whole runs
 
 
