@@ -1,7 +1,8 @@
 """`colocate doctor`: what this machine offers colocate, and a smoke test of a real engine.
 
-Owns: collecting versions, device, the CPU op stand-in status and the model cache, and
-starting/stopping a tiny SGLang engine once. Leaves out: printing (the CLI does that).
+Owns: collecting versions, device, the NVIDIA driver (``colocate.nvidia_driver``: CUDA 13
+needs >= 580), the CPU op stand-in status and the model cache, and starting/stopping a
+tiny SGLang engine once. Leaves out: printing (the CLI does that).
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
     """Versions, device and cache facts; prepares (but does not start) SGLang."""
     import torch
 
+    from colocate import nvidia_driver
     from colocate.engine import sglang_api
 
+    driver_ok, driver = nvidia_driver.driver_note(nvidia_driver.query())
     platform = sglang_api.prepare(device)
     cache = default_cache_dir()
     models = sorted(p.name for p in (cache / "models").glob("*")) if (cache / "models").is_dir() else []
     return {
         "device": platform.device + (f" ({torch.cuda.get_device_name(0)})" if platform.device == "cuda" else ""),
+        "nvidia driver": driver if driver_ok else f"TOO OLD OR MISSING: {driver}",
         "cpu cores (torch threads)": str(torch.get_num_threads()),
         "sglang": platform.sglang_version,
         "torch": torch.__version__,

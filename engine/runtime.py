@@ -224,7 +224,8 @@ class SglangEngine:
         flattened = self.device == "cuda" if flattened is None else flattened
         started = time.perf_counter()
         tm = self._engine.tokenizer_manager
-        run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None))
+        _raise_failed(self.cfg.label, "begin_weight_update",
+                      run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None)))
         try:
             pending = iter(buckets)
             bucket = next(pending, None)
@@ -236,9 +237,12 @@ class SglangEngine:
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
                 bucket = following
-        finally:
-            if self.alive():  # a dead scheduler's error is the one to report
+        except BaseException:
+            if self.alive():  # the session is closed; the first error (or a dead scheduler's) is the one to report
                 run_guarded([self], tm.end_weight_update(self._api.EndWeightUpdateReqInput(), None))
+            raise
+        _raise_failed(self.cfg.label, "end_weight_update",
+                      run_guarded([self], tm.end_weight_update(self._api.EndWeightUpdateReqInput(), None)))
         self.weight_version = version
         return time.perf_counter() - started
 
@@ -322,6 +326,15 @@ class SglangEngine:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(procs, timeout=30)
+
+
+def _raise_failed(label: str, call: str, reply: Any) -> None:
+    """Raise a one-line :class:`EngineError` when SGLang's reply to ``call`` (``(success,
+    message)``, or an object with both) says it failed."""
+    ok, message = reply if isinstance(reply, tuple) else (getattr(reply, "success", True), getattr(reply, "message", ""))
+    if not ok:
+        raise EngineError(f"weight update of the {label}: SGLang's {call} failed: "
+                          f"{' '.join(str(message).split())}")
 
 
 async def _watch(engines: Sequence[SglangEngine], interval_s: float) -> None:

@@ -85,3 +85,25 @@ def test_wait_idle_waits_for_a_running_request_and_gives_up_in_one_line(actor_en
     assert actor_engine.wait_idle(timeout_s=1) < 1  # idle now: flushed at once
     assert actor_engine.device == "cpu"  # pinned (tests/conftest.py): releasing a shared CUDA engine would unmap it
     assert actor_engine.release_memory() is False and actor_engine.resume_memory(["weights"]) is False
+
+
+def test_a_refused_weight_update_session_is_one_line_and_changes_nothing(actor_engine, tiny_actor_path):
+    """SGLang answers begin/end_weight_update with (success, message); a refusal (here: a
+    session someone else left open) stops the push in one line instead of passing unseen."""
+    from colocate.engine.errors import EngineError
+    from colocate.engine.runtime import run_guarded
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    tm, api = actor_engine._engine.tokenizer_manager, actor_engine._api
+    version = actor_engine.weight_version
+    assert run_guarded([actor_engine], tm.begin_weight_update(api.BeginWeightUpdateReqInput(selector="all"), None))[0]
+    try:
+        with pytest.raises(EngineError) as err:
+            actor_engine.update_weights(buckets(model, 1 << 20), version=version + 1)
+    finally:
+        run_guarded([actor_engine], tm.end_weight_update(api.EndWeightUpdateReqInput(), None))
+    text = str(err.value)
+    assert "\n" not in text and "SGLang's begin_weight_update failed: a weight-update session is already open" in text
+    assert actor_engine.weight_version == version
+    actor_engine.update_weights(buckets(model, 1 << 20), version=version + 1)  # the engine is fine afterwards
+    assert actor_engine.weight_version == version + 1
