@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,9 +37,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict[str, Any] | None = None) -> Path:
+def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict[str, Any] | None = None,
+         before_commit: Callable[[], None] | None = None) -> Path:
     """Write ``parts`` (name → torch-serialisable object) as ``root/step_XXXXXXXX``; ``meta``
-    (JSON: e.g. the models the run trains) goes into the manifest, readable without torch."""
+    (JSON: e.g. the models the run trains) goes into the manifest, readable without torch.
+    ``before_commit``: called once the parts are written, before the manifest (a test hook:
+    ``run.fault_at``'s ``checkpoint`` point)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
@@ -50,6 +53,8 @@ def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict
         path = tmp / f"{name}.pt"
         torch.save(obj, path)
         files[path.name] = _sha256(path)
+    if before_commit is not None:
+        before_commit()
     record = {"step": step, "files": files} | ({"meta": meta} if meta else {})
     (tmp / MANIFEST).write_text(json.dumps(record, indent=1))
     if final.exists():

@@ -176,6 +176,9 @@ class RunConfig:
     wandb_entity: str = ""  # empty: your default entity
     wandb_name: str = ""  # empty: the run folder's name
     wandb_mode: Literal["online", "offline"] = "online"  # offline: <out_dir>/wandb, `wandb sync` later
+    # a test hook (colocate/faults.py): end the run at POINT:STEP[:RANK], each once per run folder
+    fault_at: str = ""  # empty: off
+    fault_action: Literal["kill", "raise"] = "kill"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +338,10 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if cfg.run.fault_at:
+        from colocate.faults import parse
+
+        parse(cfg.run.fault_at)  # one line naming run.fault_at
 
 
 def _safe_candidates(text: str) -> list[int]:

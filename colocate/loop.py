@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from colocate import metrics as mlog
-from colocate import rank_rollouts
+from colocate import rank_failure, rank_rollouts
 from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
@@ -42,6 +42,7 @@ def rollout(s: Session) -> StepRollout | None:
             reward_engine=s.reward_engine, reward_fns=s.reward_fns, score_timeout_s=s.cfg.overlap.feeder_timeout_s,
             decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
         part = StepRollout(samples, seconds, rollout_stats(samples))
+    s.fault("score", s.state.step + 1)
     return part.with_stats(s.requests_since(served))
 
 
@@ -73,6 +74,7 @@ def step(s: Session) -> dict[str, Any]:
         s.timesharing.sleep_engines()
     with timer("ref"):
         ref_logp = s.trainer.ref_logprobs(batch)
+    s.fault("logprobs", s.state.step + 1)
     with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
         old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version)
     values = None
@@ -85,6 +87,7 @@ def step(s: Session) -> dict[str, Any]:
     if critic:
         with timer("critic"):
             critic_stats = s.trainer.train_critic(batch, values, returns)
+    s.fault("update", s.state.step + 1)
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
                                             ref_logp=ref_logp, kl_coef=s.kl_ctl.value)
@@ -94,8 +97,9 @@ def step(s: Session) -> dict[str, Any]:
     if s.overlap is not None:
         s.overlap.observe_reward(statistics.fmean(scores))
     s.state.step += 1
-    s.set_phase("sync")
-    timer.seconds["sync"] = s.timesharing.wake_and_sync(s.gather_weights, s.push_weights)
+    s.set_phase("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
+    timer.seconds["sync"] = s.timesharing.wake_and_sync(
+        s.gather_weights, lambda full: rank_failure.agree(lambda: s.push_weights(full), s.dist, "sync"))
     s.set_phase("idle")
     return _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
 
@@ -146,20 +150,14 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
     saved_at = None
     try:
         if s.state.step == 0:
-            _maybe_evaluate(s, log)
+            _failing_like_a_step(s, lambda: _maybe_evaluate(s, log), saved_at)
         while s.state.step < s.cfg.run.steps:
             if _stopping(s, stop):
                 s.log(f"stop requested ({stop.reason or 'on another rank'}): checkpointing step {s.state.step}")
                 if saved_at != s.state.step:
                     s.save_checkpoint()
                 break
-            try:
-                rec = step(s)
-            except USER_ERRORS:
-                path = s.save_after_failure()
-                if path is not None:
-                    s.log(f"checkpoint of the last completed step written to {path}")
-                raise
+            rec = _failing_like_a_step(s, lambda: step(s), saved_at)
             history.append(rec)
             log.write(rec)
             for cb in callbacks:
@@ -170,11 +168,34 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             if s.cfg.run.save_every > 0 and (s.state.step % s.cfg.run.save_every == 0 or last):
                 s.save_checkpoint()
                 saved_at = s.state.step
-            _maybe_evaluate(s, log)
+            _failing_like_a_step(s, lambda: _maybe_evaluate(s, log), saved_at)
     finally:
         # a resumed run: all its steps
         log.close(mlog.run_summary(mlog.read(log.path) or history, mlog.read(log.path.parent / "eval.jsonl")))
     return history
+
+
+def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | None) -> Any:
+    """``run()`` (a step or a held-out evaluation); a colocate error writes the checkpoint
+    of the last completed step when that is safe (``Session.save_after_failure``; not
+    again when this step's periodic one is written) and re-raises. With several ranks a
+    failure is first left for the others (``rank_failure.post``), and a collective broken
+    by another rank going away becomes one line naming that rank and phase."""
+    from colocate.trainer.distributed import lost_peer
+
+    try:
+        return run()
+    except USER_ERRORS as exc:
+        rank_failure.post(s.dist, s.phase, exc)
+        path = s.save_after_failure() if s.phase != "eval" or saved_at != s.state.step else None
+        if path is not None:
+            s.log(f"checkpoint of the last completed step written to {path}")
+        raise
+    except BaseException as exc:
+        if s.dist.world_size > 1 and isinstance(exc, RuntimeError) and lost_peer(exc):
+            raise rank_failure.RankFailedError(rank_failure.lost_line(s.dist, s.phase, exc)) from None
+        rank_failure.post(s.dist, s.phase, exc)
+        raise
 
 
 def _stopping(s: Session, stop) -> bool:
@@ -187,14 +208,17 @@ def _stopping(s: Session, stop) -> bool:
 
 
 def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
-    """The held-out evaluation when it is due (rank 0: it only uses the engines)."""
+    """The held-out evaluation when it is due (rank 0: it only uses the engines; every
+    rank learns whether it failed, ``rank_failure.agree``)."""
     from colocate import evaluation
 
-    if not (s.is_main and s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
+    if not (s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
         return
     s.set_phase("eval")
-    rec = evaluation.evaluate(s)
+    rec = rank_failure.agree(lambda: evaluation.evaluate(s) if s.is_main else None, s.dist, "eval")
     s.set_phase("idle")
+    if not s.is_main:
+        return
     log.write_eval(rec)
     s.log(f"eval after step {rec['step']}: reward {rec['reward_mean']:+.3f} ± {rec['reward_std']:.3f} "
           f"on {rec['prompts']} held-out prompts (greedy, {rec['seconds']:.1f} s)")

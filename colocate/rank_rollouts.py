@@ -1,9 +1,9 @@
 """The engine ranks' rollouts joined into the step's one batch, and their checkpoint states.
 
 Owns: :func:`gather` (every rank runs its share of the rollout; the parts, or the first
-failure, are exchanged, so a rank whose rollout fails does not leave the others waiting
-in a collective: every rank raises, and a user error lets every rank checkpoint the last
-completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
+failure, are exchanged (``colocate.rank_failure.agree``), so a rank whose rollout fails
+does not leave the others waiting in a collective: every rank raises, and a user error
+lets every rank checkpoint the last completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
 renamed into the union's index space (``placement.union_id``) and sorted, so groups stay
 contiguous and the union is what one rank would have drawn; the phase seconds of the
 slowest rank; counts summed; staleness over the union; per-rank engine metrics
@@ -21,8 +21,8 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from colocate.engine.scheduler import staleness_stats
-from colocate.errors import USER_ERRORS, ColocateError
 from colocate.placement import union_id
+from colocate.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
 from colocate.rollout_phase import StepRollout, rollout_stats
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
@@ -30,36 +30,11 @@ PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests"
             "engine/reward_requests": "reward_requests", "overlap/deferred": "deferred"}
 
 
-class RankFailedError(ColocateError):
-    """Another rank's rollout failed (with an error of its own, printed by that rank)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Failure:
-    rank: int
-    message: str
-    user_error: bool
-
-
 def gather(run: Callable[[], StepRollout | None], dist, version: int, group_size: int) -> StepRollout:
     """``run()`` on this rank (its part; None without engines), then the step's joined
-    rollout on every rank. ``version``: the weight version the step trains from."""
-    from colocate.trainer.distributed import all_gather_object
-
-    try:
-        part = run()
-    except BaseException as exc:
-        if dist.world_size > 1:
-            all_gather_object(_Failure(dist.rank, f"{type(exc).__name__}: {exc}", isinstance(exc, USER_ERRORS)), dist)
-        raise
-    parts = all_gather_object(part, dist)
-    failed = [p for p in parts if isinstance(p, _Failure)]
-    if failed:
-        first = failed[0]
-        message = f"rank {first.rank}'s rollout failed ({first.message}); every rank stops"
-        if first.user_error:
-            raise RankFailedError(message)
-        raise RuntimeError(message)
+    rollout on every rank. ``version``: the weight version the step trains from. A rank's
+    failure raises on every rank (``rank_failure.agree``: "rank R failed in rollout (…)")."""
+    parts = agree(run, dist, "rollout", share=True)
     return join(parts, version, group_size)
 
 

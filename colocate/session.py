@@ -11,6 +11,7 @@ construction and start-up order (``colocate.builder``), where engines run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import random
@@ -61,6 +62,13 @@ def stop_ids(tokenizer) -> list[int]:
     return [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
 
 
+def _drain(full: weight_sync.Weights) -> None:
+    """Take every all-gather of a lazy device gather (collective) without keeping a tensor."""
+    if not isinstance(full, dict):
+        for _ in full:
+            pass
+
+
 @dataclasses.dataclass
 class Session:
     cfg: Config
@@ -83,6 +91,7 @@ class Session:
     eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
     placement: Placement = Placement()  # who generates where (one rank: everything here)
+    _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -97,7 +106,18 @@ class Session:
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "overlap": self.overlap.state_dict() if self.overlap is not None else None,
         }
+        self._drawn = False
         self.set_phase("rollout")
+
+    def fault(self, point: str, step: int) -> None:
+        """``run.fault_at``'s test hook (``colocate.faults``): nothing unless it names this
+        point of ``step``."""
+        if self.cfg.run.fault_at:
+            from colocate import faults
+
+            pids = self.actor.child_pids if point == "engine" and self.actor is not None else ()
+            faults.fire(self.cfg.run.fault_at, self.cfg.run.fault_action, point, step, self.dist.rank,
+                        self.out_dir, pids)
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -107,10 +127,12 @@ class Session:
     def save_after_failure(self) -> Path | None:
         """Checkpoint the last completed step after a failure. During the rollout the
         trainer has not moved yet: save it with the step's starting snapshot (the deferred
-        buffer as it was). Later (training done), save the current state as one more step."""
+        buffer as it was). Later (training done: the weight sync, or the held-out evaluation
+        after a step), save the current state as one more step. During training: nothing
+        (the trainer is half-updated; the last checkpoint stays)."""
         if self.phase == "rollout" and self._snapshot is not None:
             return self._save(self._snapshot)
-        if self.phase == "sync":
+        if self.phase in ("sync", "eval"):
             return self.save_checkpoint()
         return None
 
@@ -127,6 +149,10 @@ class Session:
         from colocate.engine.rollout import Sample
         from colocate.rollout_phase import response_budget
 
+        if not self._drawn:
+            self._drawn = True
+            self.fault("engine", self.state.step + 1)
+            self.fault("generate", self.state.step + 1)
         n = self.cfg.rollout.group_size
         if index % n == 0:
             self.state.data_pos += 1
@@ -153,12 +179,16 @@ class Session:
         version; returns the engine's seconds (0 on a rank without engines, which still
         takes its part in a lazy gather)."""
         self.state.weight_version += 1
+        self.fault("sync", self.state.step)
         if self.actor is None:
-            if not isinstance(full, dict):  # the lazy device gather is collective: take every all-gather
-                for _ in full:
-                    pass
+            _drain(full)
             return 0.0
-        return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
+        try:
+            return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
+        except BaseException:
+            with contextlib.suppress(Exception):  # a push that failed midway still takes the rest of the
+                _drain(full)  # gather's collectives, so the ranks can agree on the failure after it
+            raise
 
     def engine_requests(self) -> dict[str, int]:
         """Requests sent so far to this rank's actor and (inline) reward engine."""
@@ -189,8 +219,9 @@ class Session:
         parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"],
                  "rollout": {"base": plain["run"]["data_base"], "ranks": ranks}}
         meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
-        return checkpoint.save(self.out_dir / "checkpoints", plain["run"]["step"], parts,
-                               keep=self.cfg.run.keep_checkpoints, meta=meta)
+        step = plain["run"]["step"]
+        return checkpoint.save(self.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
+                               meta=meta, before_commit=lambda: self.fault("checkpoint", step))
 
     def restore(self, path: Path) -> None:
         where = checkpoint.latest(path)

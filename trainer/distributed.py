@@ -7,8 +7,9 @@ or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
 (`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
 `gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), a barrier
-(`barrier`), and telling a
-collective that failed because another rank went away (`lost_peer`).
+(`barrier`), telling a
+collective that failed because another rank went away (`lost_peer`), and leaving a failed
+rank's line for the others in the process group's store (`post_failure`, `posted_failure`).
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
 (tests use 1-2 ranks on loopback), nccl on CUDA with gloo beside it for host tensors
@@ -223,6 +224,34 @@ def lost_peer(exc: BaseException) -> bool:
     `DistBackendError`, or gloo's transport error on a closed connection)."""
     backend_error = getattr(dist, "DistBackendError", ())
     return isinstance(exc, backend_error) or (isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_LOST))
+
+
+FAILURE_KEY = "colocate/first_failure"
+
+
+def post_failure(text: str, info: DistInfo) -> None:
+    """Leave ``text`` in the process group's store for the other ranks, unless another
+    rank's is there already (the first failure wins). Store calls are not collectives: they
+    never wait on a rank stuck in one. A store that is gone (its host rank died) takes
+    nothing: this never raises."""
+    if info.world_size == 1:
+        return
+    try:
+        dist.distributed_c10d._get_default_store().compare_set(FAILURE_KEY, "", text)
+    except Exception:  # noqa: BLE001 - best effort on a failure path: the caller raises its own error
+        pass
+
+
+def posted_failure(info: DistInfo) -> str | None:
+    """The line ``post_failure`` left in the store, if any (None when the store is gone).
+    Under torchrun the store lives in the launcher, so it outlives every rank."""
+    if info.world_size == 1:
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else None
+    except Exception:  # noqa: BLE001 - nothing to read back: the caller says what it knows
+        return None
 
 
 def rank_rows(batch_size: int, info: DistInfo) -> slice:

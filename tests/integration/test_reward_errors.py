@@ -208,3 +208,27 @@ def test_start_up_check_refuses_the_run_before_any_engine(models, run_overrides,
     assert lines[1] == "sglang imported: False", proc.stdout + proc.stderr[-2000:]
     assert lines[0].startswith("ERROR models.reward: the longest prompt (")
     assert "+ rollout.max_new_tokens (48)" in lines[0] and "context length 64" in lines[0]
+
+
+def test_failing_held_out_evaluation_fails_like_a_step(models, short_prompts, run_overrides, tmp_path):
+    """The evaluation after step 1 meets held-out prompts too long for the reward model (swapped
+    in after the start, as for the steps above): one line, and step 1's checkpoint written by
+    the failure path (run.save_every=100 writes none)."""
+    out = tmp_path / "eval"
+    cfg = load_config(overrides=_overrides(run_overrides, models, out, short_prompts, "overlap.mode=sequential",
+                                           "run.eval_every=1", "data.eval_prompts=2"))
+    session = builder.build(cfg, log=lambda m: None)
+    long_prompt = Prompt(tuple(chat_prompt_ids(session.tokenizer, "z" * 60)), {})
+
+    def longer_held_out_prompts(rec):
+        session.eval_prompts = [long_prompt] * 2
+
+    try:
+        with pytest.raises(RewardRequestError) as e:
+            ppo_loop.train(session, callbacks=[longer_held_out_prompts])
+    finally:
+        session.close()
+    text = str(e.value)
+    assert "\n" not in text and TOO_LONG in text and "(step 1, sample " in text, text
+    step, parts = checkpoint.load(checkpoint.latest(out))
+    assert step == 1 and parts["run"]["step"] == 1 and parts["run"]["weight_version"] == 1

@@ -97,7 +97,7 @@ def test_a_ranks_failure_reaches_every_rank_instead_of_a_hang():
     mp.spawn(_failing_worker, args=(f"tcp://127.0.0.1:{free_port()}", queue), nprocs=2, join=True)
     got = dict(queue.get() for _ in range(2))
     assert got[1] == "EngineError: the reward engine died"  # its own error
-    assert got[0] == ("RankFailedError: rank 1's rollout failed (EngineError: the reward engine died); "
+    assert got[0] == ("RankFailedError: rank 1 failed in rollout (EngineError: the reward engine died); "
                       "every rank stops")  # a user error: every rank checkpoints together
 
 
