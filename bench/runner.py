@@ -46,7 +46,7 @@ def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, An
         session.reward_engine.flush_cache()
     if cfg.overlap.mode != "sequential":
         session.overlap = Overlap(cfg, session.actor, session.reward_engine, None, session.log,
-                                  reward_fns=session.reward_fns,
+                                  reward_fns=session.reward_fns, timeline=session.timeline,
                                   decode=lambda ids: session.tokenizer.decode(ids, skip_special_tokens=True))
 
 
@@ -88,6 +88,11 @@ class _Sessions:
     def close(self) -> None:
         for session, _, _ in self.built.values():
             session.close()
+
+
+def _events(session) -> list[dict[str, Any]]:
+    """The rollout timeline's events since the last call (``run.timeline``; none without)."""
+    return session.timeline.take() if session.timeline is not None else []
 
 
 def fits_beside(session_mb: float, free: float, margin: float = 1.5) -> bool:
@@ -154,14 +159,18 @@ def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | Non
     from colocate import loop
 
     loop.step(session)
+    _events(session)  # the warm-up's: not measured
     started, waited, out = time.perf_counter(), 0.0, []
     for k in range(1, steps + 1):
         rec, load = guarded(lambda: loop.step(session), guard)
         waited += load.get("quiet_wait_s", 0.0)  # wall_s: seconds of steps, not of waiting
         out.append({**rec, **load, "mode": mode, "repeat": rep, "wall_s": time.perf_counter() - started - waited})
+        events = [{**e, "mode": mode, "repeat": rep} for e in _events(session)]
         if journal is not None:
             with journal.open("a") as f:
                 f.write(json.dumps(out[-1], default=str) + "\n")
+            with journal.with_name(journal.name.replace("_steps", "_requests")).open("a") as f:
+                f.writelines(json.dumps(e) + "\n" for e in events)
         flag = f", others {load['others_cores']:.2f} cores" + (" CONTENDED" if load["contended"] else "") if load else ""
         progress(f"{mode:<10} step {k}/{steps}: {rec['step_s']:.2f} s, reward {rec['reward_mean']:+.3f}{flag}")
     return out

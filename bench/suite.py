@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from colocate.bench import contention, convergence, limit, plots, report, runner
+from colocate.bench import contention, convergence, limit, plots, report, requests, runner
 from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
 from colocate.bench.workloads import (MODES, PRESETS, Preset, small_models, workload_models, workload_overrides,
@@ -62,6 +62,7 @@ def _models(preset: Preset, out: Path) -> tuple[str, str]:
 def _common(opts: BenchOptions, actor: str, rm: str) -> list[str]:
     """Overrides every bench run shares: models, fixed chunk and Δ, no evaluation."""
     return [f"models.actor={actor}", f"models.reward={rm}", "data.max_prompt_tokens=512", "run.eval_every=0",
+            "run.timeline=true",
             f"overlap.chunk_size={opts.chunk_size}", f"overlap.delta_init={opts.delta}",
             "overlap.delta_adaptive=false", f"overlap.delta_max={max(opts.delta, 1)}"]
 
@@ -192,10 +193,21 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     kept, _ = report.uncontended(data["records"], opts.modes)
     plots.gantt(kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
     plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")
+    events = _read_jsonl(out / f"{workload}_requests.jsonl")
+    where = requests.summary(events, opts.modes)
+    requests.plot(events, opts.modes, out / f"{workload}_requests.png", f"{workload}: requests of one step per mode")
     results["workloads"][workload] = {**data, "models": {"actor": actor, "reward": rm}, "summary": summary,
-                                      "peer": peer_info}
+                                      "peer": peer_info, "requests": where}
     return [report.markdown(workload, summary, peer_info, data["probe"], guard.limit_cores if guard else None), "",
-            f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", ""]
+            f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", "",
+            "Where the rollout's seconds go (medians over measured steps; from the request timeline):", "",
+            *requests.markdown(where), "", f"![requests]({workload}_requests.png)", ""]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _convergence(opts: BenchOptions, actor: str, rm: str, out: Path, guard: GuardOptions | None,

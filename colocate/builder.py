@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from colocate.config import Config
+from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
 from colocate.guards import check_world_size
 from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
@@ -77,6 +78,7 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
                   tp_size=e.tp_size)
     actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
                          threads=actor_threads, nccl_port=placement.nccl_port("actor") if shared_node else None,
+                         overlap_schedule=not (cfg.overlap.deferral and cfg.overlap.pause_mode == "in_place"),
                          **common)
     # the reward model's weights are never pushed again: they sleep with a host copy (CUDA)
     reward = None if reward_path is None else EngineConfig(
@@ -237,18 +239,22 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)
+        # rank 0's engines: the one timeline a run writes (run.timeline)
+        timeline = Timeline() if cfg.run.timeline and placement.hosts_engines and dist.rank == 0 else None
         overlap = None
         if placement.hosts_engines and cfg.overlap.mode != "sequential":
             from colocate.overlap_phase import Overlap
 
             overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
-                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share)
+                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share,
+                              timeline=timeline)
         sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
                                           quiesce=overlap.drain if overlap is not None else None,
                                           barrier=barrier)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), sharing, out_dir, log, overlap,
-                          eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement)
+                          eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
+                          timeline=timeline)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)

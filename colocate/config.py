@@ -171,6 +171,9 @@ class RunConfig:
     # the process group gives up (slime: --distributed-timeout-minutes)
     dist_timeout_minutes: float = 60.0
     eval_every: int = 5  # greedy reward on the held-out prompts at step 0, every N steps, at the end (0: off)
+    # <out_dir>/timeline.jsonl: every request's launch, first token, end, score, cut and
+    # fate, and each step's phases (rank 0's engines); `colocate bench` always keeps one
+    timeline: bool = False
     # Weights & Biases (optional, pip install 'colocate[wandb]'): set a project to log there
     wandb_project: str = ""  # empty: no W&B
     wandb_entity: str = ""  # empty: your default entity

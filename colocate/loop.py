@@ -38,7 +38,7 @@ def rollout(s: Session) -> StepRollout | None:
     else:
         samples = [s.new_sample(i) for i in range(s.placement.share(s.cfg.rollout.batch_size, s.cfg.rollout.group_size))]
         seconds = run_sequential(
-            s.actor, samples, _sampling(s), s.state.step,
+            s.actor, samples, _sampling(s), s.state.step, timeline=s.timeline,
             reward_engine=s.reward_engine, reward_fns=s.reward_fns, score_timeout_s=s.cfg.overlap.feeder_timeout_s,
             decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
         part = StepRollout(samples, seconds, rollout_stats(samples))
@@ -160,6 +160,8 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             rec = _failing_like_a_step(s, lambda: step(s), saved_at)
             history.append(rec)
             log.write(rec)
+            if s.timeline is not None:
+                log.write_timeline(s.timeline.take())
             for cb in callbacks:
                 cb(rec)
             if progress is not None:

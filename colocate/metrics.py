@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
 class PhaseTimer:
@@ -62,6 +62,13 @@ class MetricsLog:
         with (self.path.parent / "eval.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
         self._mirror({f"eval/{k}": v for k, v in record.items() if k != "step"} | {"step": record["step"]})
+
+    def write_timeline(self, events: Sequence[dict[str, Any]]) -> None:
+        """A step's rollout timeline (``run.timeline``): one line per event in ``timeline.jsonl``."""
+        if not self.enabled or not events:
+            return
+        with (self.path.parent / "timeline.jsonl").open("a") as f:
+            f.writelines(json.dumps(e) + "\n" for e in events)
 
     def _mirror(self, record: dict[str, Any]) -> None:
         if self._tb is not None:

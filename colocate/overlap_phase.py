@@ -28,8 +28,10 @@ from typing import Any, Sequence
 from colocate.config import Config
 from colocate.rollout_phase import RewardFn, StepRollout, call_reward_fn, rollout_stats
 from colocate.engine import oppo, streamed
+from colocate.engine.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
+from colocate.engine.timeline import Timeline, mark
 from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
 from colocate.engine.runtime import EngineConfig, run_guarded
@@ -54,10 +56,14 @@ class Overlap:
     per step (its share of ``rollout.batch_size``); Δ counts per rank."""
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
-                 reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None):
+                 reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
+                 timeline: Timeline | None = None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
+        self.timeline = timeline
         self.reward_fns, self.decode = list(reward_fns), decode
         o = cfg.overlap
+        check_pause_mode(o.pause_mode, actor.device)
+        self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
         self.scheduler = LengthAwareScheduler(_scheduler_config(cfg, batch_size or cfg.rollout.batch_size))
         fixed = o.chunk_size or o.candidates[0]
         self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
@@ -125,6 +131,8 @@ class Overlap:
 
     def close(self) -> None:
         loop = self.actor.loop
+        if len(self.live):
+            run_guarded([self.actor], self.live.discard(self.actor))
         if self._feeder_task is not None:
             self._feeder_stop.set()
             loop.run_until_complete(asyncio.wait([self._feeder_task], timeout=5))
@@ -146,15 +154,22 @@ class Overlap:
             self.client.last_heard = time.monotonic()  # the loop slept while training
         self.check_feeder()
         started = time.perf_counter()
+        if plan.dropped and len(self.live):  # too stale to train on: their parked requests end
+            run_guarded([self.actor], self.live.discard(self.actor, [s.index for s in plan.dropped]))
         res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
             self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
             client=self.client, chunk=chunk,
             cut_after=need if self.cfg.overlap.deferral else None,
             extra_score=self._rule_score if self.reward_fns else None,
-            score_timeout_s=self.cfg.overlap.feeder_timeout_s))
+            score_timeout_s=self.cfg.overlap.feeder_timeout_s,
+            pause_mode=self.cfg.overlap.pause_mode if self.cfg.overlap.deferral else "abort", live=self.live,
+            timeline=self.timeline))
         self.tuner.record(step, chunk, time.perf_counter() - started)
-        train, _ = self.scheduler.select(res.completed + res.unfinished)
-        stats = {"deferred": len(self.scheduler.deferred), "delta": self.scheduler.delta,
+        train, defer = self.scheduler.select(res.completed + res.unfinished)
+        for fate, group in (("trained", train), ("deferred", defer)):
+            for s in group:
+                mark(self.timeline, fate, s.index)
+        stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": self.scheduler.delta,
                  "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from colocate.engine import reward as rm
 from colocate.engine import rollout
 from colocate.engine.rollout import Sample
+from colocate.engine.timeline import mark
 from colocate.reward_fns import RewardFn  # noqa: F401  (re-exported: the reward functions' type)
 
 
@@ -119,7 +120,7 @@ def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sampl
 def run_sequential(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
     *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None, tag_prefix: str = "st",
-    score_timeout_s: float | None = None,
+    score_timeout_s: float | None = None, timeline=None,
 ) -> dict[str, float]:
     """Generate all samples (a group's shared prompt prefilled once), then score them
     (``Sample.score``), each reward-model score within ``score_timeout_s`` (the streamed
@@ -132,12 +133,17 @@ def run_sequential(
 
     engines = [actor, reward_engine]
     t0 = time.perf_counter()
-    run_guarded(engines, rollout.generate(actor, samples, sampling, tag))
+    mark(timeline, "rollout")
+    run_guarded(engines, rollout.generate(actor, samples, sampling, tag, timeline=timeline))
     t1 = time.perf_counter()
+    mark(timeline, "score")
     scores = run_guarded(engines, score_samples(
         samples, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm", step=step,
         timeout_s=score_timeout_s))
     for sample, score in zip(samples, scores):
         sample.score = score
     t2 = time.perf_counter()
+    mark(timeline, "rollout_end")
+    for sample in samples:
+        mark(timeline, "trained", sample.index)  # the sequential schedule trains every sample
     return {"generate": t1 - t0, "reward_tail": t2 - t1}

@@ -22,6 +22,7 @@ import torch
 
 from colocate import checkpoint, rank_rollouts, weight_sync
 from colocate.config import Config
+from colocate.engine.timeline import mark
 from colocate.errors import ConfigError
 from colocate.placement import Placement
 from colocate.resume import check_checkpoint, shapes
@@ -91,6 +92,7 @@ class Session:
     eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
     placement: Placement = Placement()  # who generates where (one rank: everything here)
+    timeline: Any = None  # colocate.engine.timeline.Timeline when run.timeline (rank 0), else None
     _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
 
     @property
@@ -107,6 +109,8 @@ class Session:
             "overlap": self.overlap.state_dict() if self.overlap is not None else None,
         }
         self._drawn = False
+        if self.timeline is not None:
+            self.timeline.step = self.state.step + 1
         self.set_phase("rollout")
 
     def fault(self, point: str, step: int) -> None:
@@ -121,6 +125,7 @@ class Session:
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
+        mark(self.timeline, phase)
         if self.on_phase is not None:
             self.on_phase(phase)
 

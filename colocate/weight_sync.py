@@ -2,8 +2,9 @@
 
 Owns: cutting a full (HF-named) state dict into buckets of at most ``bucket_bytes`` and
 pushing them through the engine's tensor-update API under a new weight version (the
-engine flushes its radix cache with the last bucket, so no request is served KV computed
-under the old weights). The state may be host tensors (CPU) or the trainer's device
+engine flushes its radix cache with the last bucket — or, while requests paused in place
+hold KV, leaves the old KV in the old version's namespace of the cache, where no new
+request looks — so no new request is served KV computed under the old weights). The state may be host tensors (CPU) or the trainer's device
 tensors made one at a time (CUDA: cut and cast on the device, sent as CUDA-IPC handles).
 Leaves out: gathering the state from FSDP (``trainer``).
 """
@@ -14,6 +15,7 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from colocate.engine.runtime import run_guarded
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -40,5 +42,10 @@ def buckets(state: Weights, bucket_bytes: int,
 
 
 def sync(engine, state: Weights, version: int, bucket_mb: int) -> float:
-    """Load ``state`` into ``engine`` as ``version``, in the engine's dtype; returns seconds taken."""
-    return engine.update_weights(buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype)), version=version)
+    """Load ``state`` into ``engine`` as ``version``, in the engine's dtype, then let the
+    requests paused at the last cut (``overlap.pause_mode`` in_place/retract) go on under
+    the new weights; returns seconds taken."""
+    seconds = engine.update_weights(buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype)), version=version)
+    if engine.paused is not None:
+        run_guarded([engine], engine.continue_generation())
+    return seconds

@@ -22,8 +22,10 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from . import reward as rm
 from . import rollout
+from .live import LiveRequest, LiveRequests, Relay, frozen
 from .rollout import Sample
 from .streamed import Chunker, ScoreClient
+from .timeline import Timeline, mark
 
 ExtraScore = Callable[[Sample], Awaitable[float]]  # e.g. rule rewards on the decoded text
 
@@ -45,11 +47,13 @@ class _Clock:
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                reward_engine, extra_score: ExtraScore | None, chunk: int, clock: _Clock, on_done,
-               score_timeout_s: float | None) -> None:
+               score_timeout_s: float | None, run: "_Run") -> None:
+    sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(actor, s, sampling, tag, relay, run.timeline))
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
-    await rollout.stream_sample(actor, sample, sampling, tag, chunker.on_tokens if chunker else None)
+    run.streams[sample.index].relay.target = chunker.on_tokens if chunker else None
+    await asyncio.shield(run.streams[sample.index].task)  # a cut may park the stream: it lives on
     clock.last_token[sample.index] = time.perf_counter()
     if not sample.finished:
         if client is not None:
@@ -66,27 +70,56 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
     if extra_score is not None:
         score += await extra_score(sample)
     clock.scored[sample.index] = time.perf_counter()
+    mark(run.timeline, "scored", sample.index)
     on_done(sample, score)
+
+
+@dataclasses.dataclass
+class _Run:
+    """The streams of one step's samples: new ones, or parked ones adopted from ``live``."""
+
+    live: LiveRequests | None
+    timeline: Timeline | None = None
+    streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
+    current: dict[int, Sample] = dataclasses.field(default_factory=dict)  # index -> the object in use
+
+    def start(self, sample: Sample, tag: str, stream) -> Sample:
+        req = self.live.adopt(sample.index) if self.live is not None else None
+        if req is None:
+            relay = Relay()
+            req = LiveRequest(sample, asyncio.ensure_future(stream(sample, relay)), relay, tag)
+        else:
+            mark(self.timeline, "adopt", sample.index, prior=len(req.sample.output_ids))
+        self.streams[sample.index] = req
+        self.current[sample.index] = req.sample
+        return req.sample
 
 
 async def run_step(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
     reward_engine=None, client: ScoreClient | None = None, chunk: int = 64,
     cut_after: int | None = None, extra_score: ExtraScore | None = None, score_timeout_s: float | None = None,
+    pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
 ) -> OverlapResult:
     """Generate ``samples``; score each as it goes (streamed through ``client``, whose own
     deadline applies, else one-shot on ``reward_engine`` within ``score_timeout_s``, plus
-    ``extra_score``); abort the rest after ``cut_after`` groups have all their launched
-    members finished and scored."""
+    ``extra_score``); after ``cut_after`` groups have all their launched members finished
+    and scored, stop the rest: abort them (``pause_mode="abort"``), or pause the engine and
+    park their streams in ``live`` (``in_place``/``retract``; the unfinished samples handed
+    back are frozen copies, see ``engine.live``). A launched sample parked in ``live`` by
+    an earlier step continues its stream instead of sending a new request."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
     completed: list[Sample] = []
-    running = {s.index: s for s in samples}
+    run = _Run(live if pause_mode != "abort" else None, timeline)
+    mark(timeline, "rollout")
     pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
     for s in samples:
         pending[s.group_id] = pending.get(s.group_id, 0) + 1
     groups_done: list[int] = []  # group ids in the order their last launched member was scored
+    tasks: dict[int, asyncio.Future] = {}
+    parking: list[asyncio.Future] = []
 
     def on_done(sample: Sample, score: float) -> None:
         completed.append(sample)
@@ -96,39 +129,78 @@ async def run_step(
             groups_done.append(sample.group_id)
         if cut_after is not None and len(groups_done) == cut_after and clock.cut is None:
             clock.cut = time.perf_counter()
-            for other in running.values():
-                if other.index not in clock.last_token:
-                    rollout.abort(actor, other, tag)
+            mark(timeline, "cut")
+            stragglers = [i for i in run.current if i not in clock.last_token]
+            if pause_mode == "abort":
+                for i in stragglers:
+                    mark(timeline, "aborted", i)
+                    rollout.abort(actor, run.current[i], tag)
+            else:
+                parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
 
+    await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
     await rollout.prefill_shared_prompts(actor, samples, tag)  # before any member runs
-    tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=client, reward_engine=reward_engine,
-                                        extra_score=extra_score, chunk=chunk, clock=clock, on_done=on_done,
-                                        score_timeout_s=score_timeout_s))
-             for s in samples]
+    for s in samples:
+        tasks[s.index] = asyncio.ensure_future(_one(
+            actor, s, sampling, tag, step, client=client, reward_engine=reward_engine, extra_score=extra_score,
+            chunk=chunk, clock=clock, on_done=on_done, score_timeout_s=score_timeout_s, run=run))
     try:
-        await asyncio.gather(*tasks)
+        await _wait_all(list(tasks.values()))
+        await _wait_all(parking)
     except BaseException:
-        await _stop(actor, samples, tasks, tag, client, step)
+        await _stop(actor, run, list(tasks.values()) + parking, tag, client, step)
         raise
     end = time.perf_counter()
+    mark(timeline, "rollout_end")
     done = {s.index for s in completed}
     first = set(groups_done if cut_after is None else groups_done[:cut_after])
-    return OverlapResult(completed, [s for s in samples if s.index not in done],
+    return OverlapResult(completed, [run.current.get(s.index, s) for s in samples if s.index not in done],
                          _timings(clock, [s for s in completed if s.group_id in first], end))
 
 
-async def _stop(actor, samples: Sequence[Sample], tasks, tag: str, client: ScoreClient | None, step: int) -> None:
-    """After a failure: abort the requests still generating, cancel every task, forget
-    their scores; returns once all tasks have ended."""
-    for s in samples:
-        if s.attempts > 0 and s.finish_reason is None:
-            rollout.abort(actor, s, tag)
-    for t in tasks:
+async def _park(actor, mode: str, stragglers: Sequence[int], run: _Run, tasks, client, step: int,
+                clock_scored: dict[int, float]) -> None:
+    """Pause the engine with the stragglers in it; their step tasks end, their streams are
+    parked in ``run.live`` and the step hands back frozen copies."""
+    await actor.pause(mode)
+    for i in stragglers:
+        if i in clock_scored:
+            continue  # it finished and was scored before the pause: a completed sample
+        tasks[i].cancel()
+        req = run.streams.get(i)
+        if req is not None:
+            mark(run.timeline, "parked", i, tokens=len(req.sample.output_ids))
+            run.live.park(req)
+            run.current[i] = frozen(req.sample)
+        if client is not None:
+            client.forget(step, i)
+
+
+async def _wait_all(tasks: Sequence[asyncio.Future]) -> None:
+    """Until every task ended; the first error of one raises (a cancelled task is parked)."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+
+
+async def _stop(actor, run: _Run, tasks, tag: str, client: ScoreClient | None, step: int) -> None:
+    """After a failure: abort the requests still generating (parked ones included), cancel
+    every task, forget their scores; returns once all tasks have ended."""
+    if run.live is not None:
+        await run.live.discard(actor)
+    for i, req in run.streams.items():
+        if not req.task.done():
+            rollout.abort(actor, req.sample, req.tag)
+    await actor.continue_generation()  # a paused engine finishes the aborts only once it runs
+    for t in [*tasks, *(r.task for r in run.streams.values())]:
         t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*tasks, *(r.task for r in run.streams.values()), return_exceptions=True)
     if client is not None:
-        for s in samples:
-            client.forget(step, s.index)
+        for i in run.current:
+            client.forget(step, i)
 
 
 def _timings(clock: _Clock, trained: Sequence[Sample], end: float) -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from .errors import EngineError
 from .runtime import SglangEngine
+from .timeline import Timeline, mark
 
 OnTokens = Callable[["Sample", list[int]], Awaitable[None] | None]
 
@@ -73,9 +74,24 @@ def check_budget(samples: Sequence[Sample], context_length: int, field: str = "p
             )
 
 
-def _version(meta: dict[str, Any], default: int) -> int:
-    raw = meta.get("weight_version")
+def _version(raw: Any, default: int) -> int:
     return int(raw) if isinstance(raw, str) and raw.isdigit() else default
+
+
+def token_versions(meta: dict[str, Any], start: int, n: int, default: int) -> list[int]:
+    """The weight version of this request's output tokens ``start .. start+n-1``: from
+    SGLang's per-request version spans (exact when weights changed while the request ran,
+    an in-flight update), else ``default``, the engine's version (no update happened while
+    the request had tokens). Not ``meta_info["weight_version"]``: SGLang keeps that in a
+    process-wide setting, which another actor engine of the process may have moved."""
+    spans = meta.get("weight_versions") or []
+    if not spans:
+        return [default] * n
+    out = []
+    for pos in range(start, start + n):
+        hit = next((sp for sp in spans if sp["start"] <= pos < sp["end"]), spans[-1])
+        out.append(_version(hit["version"], default))
+    return out
 
 
 async def stream_sample(
@@ -84,6 +100,7 @@ async def stream_sample(
     sampling: dict[str, Any],
     tag: str,
     on_tokens: OnTokens | None = None,
+    timeline: Timeline | None = None,
 ) -> Sample:
     """Generate the rest of ``sample`` (at most ``sample.remaining`` tokens), appending
     tokens, logprobs and versions as chunks arrive. Ends on stop, length or abort."""
@@ -94,6 +111,7 @@ async def stream_sample(
     rid = sample.rid(tag)
     sample.attempts += 1
     seen = 0
+    mark(timeline, "launch", sample.index, prior=len(sample.output_ids))
     stream = engine.generate_stream(rid, sample.prompt_ids + sample.output_ids, params)
     async for chunk in stream:
         meta = chunk["meta_info"]
@@ -102,10 +120,11 @@ async def stream_sample(
         ids = list(chunk["output_ids"][seen:])  # cumulative and live: copy the new part
         lps = meta.get("output_token_logprobs") or []
         if ids:
-            version = _version(meta, engine.weight_version)
+            if not seen:
+                mark(timeline, "first_token", sample.index)
             sample.output_ids += ids
             sample.logprobs += [float(lp[0]) for lp in lps[seen : seen + len(ids)]]
-            sample.versions += [version] * len(ids)
+            sample.versions += token_versions(meta, seen, len(ids), engine.weight_version)
             seen += len(ids)
             if on_tokens is not None:
                 maybe = on_tokens(sample, ids)
@@ -114,6 +133,7 @@ async def stream_sample(
         reason = meta.get("finish_reason")
         if reason:
             sample.finish_reason = reason["type"] if isinstance(reason, dict) else str(reason)
+    mark(timeline, "end", sample.index, reason=sample.finish_reason, tokens=len(sample.output_ids))
     return sample
 
 
@@ -143,12 +163,13 @@ async def generate(
     sampling: dict[str, Any],
     tag: str,
     on_tokens: OnTokens | None = None,
+    timeline: Timeline | None = None,
 ) -> list[Sample]:
     """Stream every sample concurrently (a shared prompt prefilled once first); return
     them when all have ended."""
     check_budget(samples, engine.context_length)
     await prefill_shared_prompts(engine, samples, tag)
-    await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens) for s in samples))
+    await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens, timeline) for s in samples))
     return list(samples)
 
 

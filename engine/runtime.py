@@ -70,6 +70,11 @@ class EngineConfig:
     base_gpu_id: int = 0  # CUDA: the engine's first GPU (each training rank's engine sits on its own)
     tp_size: int = 1  # CUDA: tensor-parallel GPUs of the engine, from base_gpu_id on
     nccl_port: int | None = None  # the scheduler's process-group port (None: SGLang picks a free one)
+    # SGLang's overlap scheduler runs a batch while the last one's result is processed. Off
+    # for an actor whose requests pause in place across weight updates: the batch in flight
+    # at the pause finishes under the old weights, but SGLang 0.5.23 counts its token as the
+    # new version's (measured: one token per paused request, its log-prob the old weights')
+    overlap_schedule: bool = True
 
     @property
     def label(self) -> str:
@@ -90,6 +95,8 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         enable_metrics=cfg.enable_metrics,
         trust_remote_code=cfg.trust_remote_code,
         nccl_port=cfg.nccl_port,
+        weight_version="0",  # numeric from the start: tokens carry exact version spans
+        disable_overlap_schedule=not cfg.overlap_schedule or None,
     )
     if cfg.max_total_tokens is not None:
         kw["max_total_tokens"] = cfg.max_total_tokens
@@ -155,6 +162,8 @@ class SglangEngine:
         self.weight_version = 0
         self.requests = 0  # generate and score requests sent so far
         self.closed = False
+        self.paused: str | None = None  # the pause mode while generation is paused (see pause)
+        self._suspended = False  # CPU: the engine's processes are stopped (SIGSTOP) while paused
 
     async def _start_handle_loop(self) -> None:
         self._engine.tokenizer_manager.auto_create_handle_loop()
@@ -188,16 +197,24 @@ class SglangEngine:
                                   "resume from the last checkpoint with --resume")
 
     # ---- requests (async, on self.loop) ---------------------------------------------
-    def generate_stream(
+    async def generate_stream(
         self, rid: str, input_ids: list[int], sampling: dict[str, Any]
     ) -> AsyncIterator[dict[str, Any]]:
-        """Stream cumulative ``output_ids`` and sampling logprobs of one request."""
+        """Stream cumulative ``output_ids`` and sampling logprobs of one request. A paused
+        engine is continued first (its paused requests go on beside this one): a new
+        request never waits on a pause nobody would end."""
+        if self.paused is not None:
+            await self.continue_generation()
+        # the radix cache is namespaced by weight version: a request never reuses KV that
+        # older weights computed, even when requests paused across an update kept the
+        # cache from being flushed (their own KV stays theirs: PipelineRL's in-flight update)
         obj = self._api.GenerateReqInput(
             input_ids=input_ids, sampling_params=sampling, return_logprob=True,
-            stream=True, rid=rid,
+            stream=True, rid=rid, extra_key=f"w{self.weight_version}",
         )
         self.requests += 1
-        return self._engine.tokenizer_manager.generate_request(obj, None)
+        async for chunk in self._engine.tokenizer_manager.generate_request(obj, None):
+            yield chunk
 
     async def score(self, rid: str, input_ids: list[int]) -> dict[str, Any]:
         """One embedding/score request (reward engine)."""
@@ -208,7 +225,45 @@ class SglangEngine:
 
     def abort(self, rid: str) -> None:
         """Abort one request; its stream ends with finish_reason 'abort'."""
+        self._thaw()
         self._engine.tokenizer_manager.abort_request(rid=rid)
+
+    async def pause(self, mode: str) -> None:
+        """Stop generating and keep the running requests in the scheduler (their streams
+        stay open): ``in_place`` keeps their KV (tokens after a weight update continue on
+        it), ``retract`` puts them back in the scheduler's queue (their KV is recomputed on
+        continue, under the weights then loaded) until :meth:`continue_generation`, which
+        a new request (:meth:`generate_stream`) calls first. On CPU the engine's processes are also stopped until
+        the next call that needs them: SGLang 0.5.23's paused scheduler polls its socket
+        without sleeping (measured: 102 % of a core, 0 % stopped), which on a 2-core
+        machine would take a core from the trainer."""
+        self._thaw()
+        await self._engine.tokenizer_manager.pause_generation(self._api.PauseGenerationReqInput(mode=mode))
+        self.paused = mode
+        if self.device == "cpu":
+            self._signal_processes(suspend=True)
+
+    async def continue_generation(self) -> None:
+        """Let paused requests go on (under the weights loaded meanwhile); no-op unpaused."""
+        self._thaw()
+        if self.paused is None:
+            return
+        obj = self._api.ContinueGenerationReqInput(torch_empty_cache=self.device == "cuda")
+        await self._engine.tokenizer_manager.continue_generation(obj)
+        self.paused = None
+
+    def _thaw(self) -> None:
+        if self._suspended:
+            self._signal_processes(suspend=False)
+
+    def _signal_processes(self, *, suspend: bool) -> None:
+        for pid in self._child_pids:
+            try:
+                proc = psutil.Process(pid)
+                proc.suspend() if suspend else proc.resume()
+            except psutil.NoSuchProcess:
+                continue  # a dead scheduler is reported by check_alive
+        self._suspended = suspend
 
     # ---- control (sync; call while no request is in flight) --------------------------
     def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int,
@@ -222,6 +277,10 @@ class SglangEngine:
         SmolLM2 on CPU). Every request to the scheduler is guarded: a scheduler that dies
         meanwhile raises :class:`EngineDiedError` instead of leaving the call waiting forever."""
         flattened = self.device == "cuda" if flattened is None else flattened
+        self._thaw()
+        # requests paused in place hold KV, so SGLang refuses the flush; the version
+        # namespace of the radix cache (generate_stream) keeps new requests off stale KV
+        flush = self.paused != "in_place"
         started = time.perf_counter()
         tm = self._engine.tokenizer_manager
         _raise_failed(self.cfg.label, "begin_weight_update",
@@ -232,7 +291,7 @@ class SglangEngine:
             while bucket is not None:
                 following = next(pending, None)
                 last = following is None
-                ok, message = self._update_bucket(bucket, flush=last, version=version if last else None,
+                ok, message = self._update_bucket(bucket, flush=last and flush, version=version if last else None,
                                                   flattened=flattened)
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
@@ -264,12 +323,14 @@ class SglangEngine:
     def read_weight(self, name: str, truncate: int = 100) -> list:
         """The first ``truncate`` values of parameter ``name`` as the engine holds it
         (HF name; for checking a sync)."""
+        self._thaw()
         return self._engine.get_weights_by_name(name, truncate)
 
     def flush_cache(self, timeout_s: float = 0.0) -> bool:
         """Drop the radix cache. ``timeout_s`` 0: at once, False when SGLang refuses because
         requests still run or wait; > 0: the scheduler defers the flush until it is idle,
         False when that took longer than ``timeout_s``."""
+        self._thaw()
         out = run_guarded([self], self._engine.tokenizer_manager.flush_cache(timeout_s=timeout_s or None))
         return bool(getattr(out, "success", True))
 
@@ -299,6 +360,7 @@ class SglangEngine:
         """Re-allocate ``tags`` on GPU (see :data:`MEMORY_TAGS` for the order). CPU: False, no-op."""
         if self.device != "cuda":
             return False
+        self._thaw()
         obj = self._api.ResumeMemoryOccupationReqInput(tags=list(tags))
         run_guarded([self], self._engine.tokenizer_manager.resume_memory_occupation(obj, None))
         return True

@@ -126,9 +126,11 @@ def load() -> SimpleNamespace:
     import sglang  # its known-harmless import-time warnings are filtered by prepare()
     from sglang.srt.managers.io_struct import (
         BeginWeightUpdateReqInput,
+        ContinueGenerationReqInput,
         EmbeddingReqInput,
         EndWeightUpdateReqInput,
         GenerateReqInput,
+        PauseGenerationReqInput,
         ReleaseMemoryOccupationReqInput,
         ResumeMemoryOccupationReqInput,
         UpdateWeightsFromTensorReqInput,
@@ -140,6 +142,8 @@ def load() -> SimpleNamespace:
         Engine=sglang.Engine,
         FlattenedTensorBucket=FlattenedTensorBucket,
         BeginWeightUpdateReqInput=BeginWeightUpdateReqInput,
+        ContinueGenerationReqInput=ContinueGenerationReqInput,
+        PauseGenerationReqInput=PauseGenerationReqInput,
         EndWeightUpdateReqInput=EndWeightUpdateReqInput,
         EmbeddingReqInput=EmbeddingReqInput,
         GenerateReqInput=GenerateReqInput,
