@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.bench.contention import GuardOptions, guarded
+from colocate.bench.workloads import mode_spec
 from colocate.config import Config
 from colocate.metrics import rss_mb
 
 
 def _mode_cfg(cfg: Config, mode: str) -> Config:
-    return dataclasses.replace(cfg, overlap=dataclasses.replace(cfg.overlap, mode=mode))
+    """``cfg`` under a bench mode: ``MODE`` or ``MODE/PAUSE`` (e.g. inter/in_place)."""
+    base, pause = mode_spec(mode)
+    return dataclasses.replace(cfg, overlap=dataclasses.replace(cfg.overlap, mode=base,
+                                                                pause_mode=pause or cfg.overlap.pause_mode))
 
 
 def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, Any]) -> None:
@@ -66,12 +70,16 @@ class _Sessions:
         self.baseline_mb = rss_mb()
         self.rebuilds = 0
 
-    def key(self, mode: str) -> tuple[int, int]:
+    def key(self, mode: str) -> tuple[int, int, bool]:
+        """What the engines of ``mode`` start with: the thread budget, and whether the actor
+        runs SGLang's overlap scheduler (off under pause_mode=in_place)."""
         import os
 
         from colocate import builder
 
-        return builder.engine_threads(_mode_cfg(self.cfg, mode), len(os.sched_getaffinity(0)))
+        cfg = _mode_cfg(self.cfg, mode)
+        actor, reward = builder.engine_threads(cfg, len(os.sched_getaffinity(0)))
+        return actor, reward, builder.actor_overlap_schedule(cfg)
 
     def get(self, mode: str):
         from colocate import builder

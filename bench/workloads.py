@@ -24,6 +24,18 @@ WORKLOADS: dict[str, list[str]] = {
     "reasoning": ["rollout.length_dist=fixed", "rollout.ignore_eos=false", "data.max_prompt_tokens=1024"],
 }
 MODES = ("sequential", "intra", "inter", "oppo")
+PAUSE_MODES = ("abort", "in_place", "retract")  # a bench mode may name one: inter/in_place, oppo/retract
+
+
+def mode_spec(mode: str) -> tuple[str, str | None]:
+    """``MODE`` or ``MODE/PAUSE`` (overlap.mode, overlap.pause_mode or None: the config's)."""
+    base, _, pause = mode.partition("/")
+    return base, pause or None
+
+
+def valid_mode(mode: str) -> bool:
+    base, pause = mode_spec(mode)
+    return base in MODES and (pause is None or (pause in PAUSE_MODES and base in ("inter", "oppo")))
 REASONING_TASK = "gsm_symbolic"
 
 
@@ -97,5 +109,5 @@ def workload_models(preset: Preset, workload: str, actor: str, rm: str) -> tuple
     return actor, rm
 
 
-__all__ = ["MODES", "PRESETS", "Preset", "WORKLOADS", "small_models", "workload_models", "workload_overrides",
+__all__ = ["MODES", "PAUSE_MODES", "PRESETS", "mode_spec", "valid_mode", "Preset", "WORKLOADS", "small_models", "workload_models", "workload_overrides",
            "workload_reward_fns"]

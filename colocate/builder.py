@@ -42,6 +42,12 @@ def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
     return e.actor_threads or auto, e.reward_threads or auto
 
 
+def actor_overlap_schedule(cfg: Config) -> bool:
+    """Whether the actor engine runs SGLang's overlap scheduler: not when stragglers pause
+    in place across weight updates (see ``EngineConfig.overlap_schedule``)."""
+    return not (cfg.overlap.deferral and cfg.overlap.pause_mode == "in_place")
+
+
 def engine_dtype(cfg: Config, cuda_available: bool) -> str:
     """``engines.dtype``; auto: bfloat16 where the engines run on CUDA, else the trainer's
     dtype on CPU (``trainer_dtype``)."""
@@ -78,7 +84,7 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
                   tp_size=e.tp_size)
     actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
                          threads=actor_threads, nccl_port=placement.nccl_port("actor") if shared_node else None,
-                         overlap_schedule=not (cfg.overlap.deferral and cfg.overlap.pause_mode == "in_place"),
+                         overlap_schedule=actor_overlap_schedule(cfg),
                          **common)
     # the reward model's weights are never pushed again: they sleep with a host copy (CUDA)
     reward = None if reward_path is None else EngineConfig(

@@ -151,13 +151,14 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
     from colocate.bench.contention import GuardOptions
     from colocate.bench.convergence import ConvergenceOptions
     from colocate.bench.suite import BenchOptions, run
-    from colocate.bench.workloads import MODES, WORKLOADS
+    from colocate.bench.workloads import MODES, PAUSE_MODES, WORKLOADS, valid_mode
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
-    bad = [m for m in mode_list if m not in MODES] + [w for w in wl if w not in WORKLOADS]
+    bad = [m for m in mode_list if not valid_mode(m)] + [w for w in wl if w not in WORKLOADS]
     if bad:
-        raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)}, workloads {sorted(WORKLOADS)}")
+        raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)} (inter and oppo also as "
+                            f"MODE/PAUSE, PAUSE one of {list(PAUSE_MODES)}), workloads {sorted(WORKLOADS)}")
     if convergence and (convergence_steps < 1 or eval_every < 1):
         raise ColocateError("--convergence-steps and --eval-every must be >= 1")
     parsed = tuple((v.split()[0], tuple(v.split()[1:])) for v in variants if v.split())

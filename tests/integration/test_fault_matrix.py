@@ -1,6 +1,8 @@
 """The fault matrix: kill -9 of the training process in each phase of a step, and of the
 actor engine's processes, each followed by `colocate train --resume DIR` alone (tiny
-models, CPU, oppo mode: streamed scoring and a deferred buffer).
+models, CPU, oppo mode: streamed scoring and a deferred buffer; the stragglers stay paused
+in the engine across training and the weight sync, `overlap.pause_mode=in_place`, so the
+kills after the rollout hit a run with requests paused in place).
 
 One chain shares the cost, one launch per fault: the run is killed in phase A of step k,
 the `--resume` goes on and is killed in phase B of step k+1, and so on (``run.fault_at``
@@ -44,7 +46,9 @@ def test_kill_in_every_phase_then_resume_alone(tiny_pair, run_overrides, tmp_pat
     out = tmp_path / "run"
     spec = ",".join(f"{phase}:{step}" for phase, step in CHAIN)
     sets = run_overrides(tiny_pair("faults", 51, 52), out, f"run.steps={STEPS}", "run.save_every=1",
-                         "run.eval_every=0", "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=oppo",
+                         "run.eval_every=0", "ppo.epochs=1", "overlap.mode=oppo", "overlap.pause_mode=in_place",
+                         "rollout.max_new_tokens=32", "rollout.length_dist=lognormal", "rollout.length_median=6",
+                         "rollout.ignore_eos=true",  # a long tail: stragglers at every cut
                          "overlap.delta_adaptive=false", "overlap.delta_init=2", f"run.fault_at={spec}")
     table = []
     args = [f"--set={s}" for s in sets]
@@ -79,5 +83,7 @@ def test_kill_in_every_phase_then_resume_alone(tiny_pair, run_overrides, tmp_pat
     drawn = rank["data_pos"] * n
     trained = sum(r["trained_samples"] for r in records)
     assert scheduler["deferred"], "no deferred sample to lose: the chain tests nothing of the buffer"
+    parked = [r["step"] for r in records if r.get("overlap/parked", 0) > 0]
+    assert len(parked) >= 3, f"requests were paused in place after steps {parked} only"
     assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == drawn, (
         trained, len(scheduler["deferred"]), scheduler["dropped_total"], drawn)
