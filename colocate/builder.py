@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from colocate.config import Config
+from colocate.engine.live import check_pause_mode
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
 from colocate.guards import check_world_size
@@ -112,6 +113,8 @@ def check_device_choices(cfg: Config, device: str) -> None:
     if device == "cuda" and own_feeder(cfg):
         raise ConfigError("overlap.feeder=process is not supported on CUDA: its process's reward engine is never "
                           "released, so it would hold GPU memory while the trainer trains; use overlap.feeder=inline")
+    if cfg.overlap.deferral:
+        check_pause_mode(cfg.overlap.pause_mode, device)  # in_place: CPU only
 
 
 def own_feeder(cfg: Config) -> bool:

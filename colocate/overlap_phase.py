@@ -131,7 +131,7 @@ class Overlap:
 
     def close(self) -> None:
         loop = self.actor.loop
-        if len(self.live):
+        if len(self.live) and self.actor.alive():  # a dead engine's requests went with it
             run_guarded([self.actor], self.live.discard(self.actor))
         if self._feeder_task is not None:
             self._feeder_stop.set()

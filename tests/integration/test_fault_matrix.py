@@ -15,27 +15,18 @@ none trained twice, no deferred one lost. The measured table is in docs/architec
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from colocate import checkpoint
+from tests.integration.test_rank_failure import _launch as _train  # colocate train, timed
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 CHAIN = [("generate", 2), ("score", 3), ("logprobs", 4), ("update", 5), ("sync", 6), ("checkpoint", 7),
          ("engine", 8)]
 STEPS = 9
-
-
-def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "colocate.cli", "train", *args], cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=600)
-    return done, time.monotonic() - started
 
 
 def _steps(out: Path) -> list[int]:

@@ -1,6 +1,6 @@
 """Deferral that keeps its place (overlap.pause_mode) on real SGLang (CPU, tiny models):
 stragglers paused in the engine at the cut and adopted by the next step, with and without a
-weight update in between; the radix cache's version namespace; the CUDA decision."""
+weight update in between; the radix cache's version namespace (the CUDA decision: tests/unit/test_live.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from colocate.engine import oppo, rollout
-from colocate.engine.errors import EngineConfigError
-from colocate.engine.live import LiveRequests, check_pause_mode
+from colocate.engine.live import LiveRequests
 from colocate.engine.rollout import Sample
 from tests.integration.test_engine_weights import buckets
 
@@ -151,12 +150,3 @@ def test_no_stale_prefix_is_served_while_paused_requests_keep_the_cache(in_place
     finally:
         actor_engine.update_weights(buckets(old, 20_000), version=v0 + 2)
 
-
-def test_pause_mode_decisions():
-    check_pause_mode("abort", "cuda")
-    check_pause_mode("retract", "cuda")
-    check_pause_mode("in_place", "cpu")
-    with pytest.raises(EngineConfigError, match="overlap.pause_mode: in_place .* use retract"):
-        check_pause_mode("in_place", "cuda")
-    with pytest.raises(EngineConfigError, match="overlap.pause_mode: 'later' is not one of"):
-        check_pause_mode("later", "cpu")

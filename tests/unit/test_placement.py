@@ -115,3 +115,20 @@ def test_a_feeder_process_is_refused_on_cuda_before_anything_starts():
     builder.check_device_choices(load_config(overrides=["overlap.mode=inter", "overlap.feeder=process"]), "cuda")  # no streaming, no feeder
     with pytest.raises(ConfigError, match="overlap.feeder=process"):  # build says it before any engine or group starts
         builder.build(load_config(overrides=["engines.device=cuda", "overlap.mode=oppo", "overlap.feeder=process"]))
+
+
+def test_pausing_stragglers_in_place_is_refused_on_cuda_before_anything_starts():
+    from colocate import builder
+    from colocate.config import load_config
+    from colocate.errors import USER_ERRORS
+
+    in_place = load_config(overrides=["overlap.mode=inter", "overlap.pause_mode=in_place"])
+    with pytest.raises(USER_ERRORS, match=r"^overlap.pause_mode: in_place keeps .* use retract .* or abort$"):
+        builder.check_device_choices(in_place, "cuda")
+    builder.check_device_choices(in_place, "cpu")
+    for ok in ("retract", "abort"):
+        builder.check_device_choices(load_config(overrides=["overlap.mode=oppo", f"overlap.pause_mode={ok}"]), "cuda")
+    # no deferral, no cut: the setting is never used
+    builder.check_device_choices(load_config(overrides=["overlap.mode=intra", "overlap.pause_mode=in_place"]), "cuda")
+    assert builder.actor_overlap_schedule(in_place) is False  # see EngineConfig.overlap_schedule
+    assert builder.actor_overlap_schedule(load_config(overrides=["overlap.mode=inter"])) is True

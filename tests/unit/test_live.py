@@ -1,0 +1,37 @@
+"""engine/live.py without an engine: which pause modes run where, the frozen copy the
+scheduler sees, the relay of a parked stream's tokens."""
+
+import pytest
+
+from colocate.engine.errors import EngineConfigError
+from colocate.engine.live import Relay, check_pause_mode, frozen
+from colocate.engine.rollout import Sample
+
+
+def test_pause_mode_decisions():
+    check_pause_mode("abort", "cuda")
+    check_pause_mode("retract", "cuda")
+    check_pause_mode("in_place", "cpu")
+    with pytest.raises(EngineConfigError, match="overlap.pause_mode: in_place .* use retract"):
+        check_pause_mode("in_place", "cuda")
+    with pytest.raises(EngineConfigError, match="overlap.pause_mode: 'later' is not one of"):
+        check_pause_mode("later", "cpu")
+
+
+def test_frozen_copy_is_the_partial_as_of_now_and_does_not_grow_with_the_stream():
+    live = Sample(3, [1, 2], 10, output_ids=[5, 6], logprobs=[-0.1, -0.2], versions=[0, 0], attempts=1, group=1)
+    copy = frozen(live)
+    live.output_ids.append(7), live.logprobs.append(-0.3), live.versions.append(1)
+    live.finish_reason = "stop"
+    assert (copy.output_ids, copy.logprobs, copy.versions) == ([5, 6], [-0.1, -0.2], [0, 0])
+    assert copy.finish_reason == "abort" and not copy.finished  # the scheduler defers it as a partial
+    assert (copy.index, copy.group, copy.attempts, copy.remaining) == (3, 1, 1, 8)
+
+
+def test_relay_forwards_to_its_current_target_or_to_nobody():
+    got = []
+    relay = Relay()
+    assert relay(None, [1]) is None  # parked: nobody consumes
+    relay.target = lambda sample, ids: got.append(ids)
+    relay(None, [2, 3])
+    assert got == [[2, 3]]
