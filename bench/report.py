@@ -90,15 +90,17 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
     return summary
 
 
-def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str = "oppo") -> dict[str, float] | None:
+def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str = "oppo") -> dict[str, Any] | None:
     """oppo over TRL, spread over oppo's steps against TRL's median: trained samples/s, and
-    response tokens/s (fair also where the two runs' response lengths differ)."""
+    response tokens/s (fair also where the two runs' response lengths differ); which TRL
+    trainer it was (``trl_trainer``: "ppo" or "grpo", with ``trl_group_size``)."""
     if not peer or mode not in summary or not peer.get("update_seconds"):
         return None
     trl = statistics.median(peer["batch_size"] / s for s in peer["update_seconds"])
     s = summary[mode]["trained_samples_per_s"]
     out = {"median": s["median"] / trl, "min": s["min"] / trl, "max": s["max"] / trl, "n": s["n"],
            "trl_samples_per_s": trl, "trl_new_tokens": peer.get("new_tokens"),
+           "trl_trainer": peer.get("trainer", "ppo"), "trl_group_size": peer.get("group_size", 0),
            "trl_response_len": statistics.fmean(peer["response_tokens"]) / peer["batch_size"]
            if peer.get("response_tokens") else float("nan")}
     trl_tok = peer.get("response_tokens_per_s")
@@ -123,9 +125,9 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
             f"{_fmt(s['engine_busy'])} | {_fmt(s['deferred'], 1)} | {_fmt(s['reward_mean'], 3)} | "
             f"{_fmt(s['bound_efficiency'])} |")
     if peer_info:
-        lines += ["", f"TRL PPO (trl {peer_info.get('trl_version', '?')}, same models/batch, responses of "
-                  f"{peer_info['trl_response_len']:.0f} tokens on average vs oppo's "
-                  f"{summary['oppo']['response_len']['median']:.0f}): "
+        lines += ["", f"{peer_label(peer_info)} (trl {peer_info.get('trl_version', '?')}, same models/batch"
+                  f"{_group_note(peer_info)}, responses of {peer_info['trl_response_len']:.0f} tokens on average "
+                  f"vs oppo's {summary['oppo']['response_len']['median']:.0f}): "
                   f"{peer_info['trl_samples_per_s']:.3f} trained samples/s; oppo / TRL = "
                   f"{peer_info['median']:.2f}x [{peer_info['min']:.2f}–{peer_info['max']:.2f}] in samples/s"]
         if "tokens" in peer_info:
@@ -145,6 +147,16 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
     lines += ["", "Cells: median [min–max] over measured steps (ratios: over repeats). bound efficiency = "
               "lower-bound step time / measured step time (1.0 = at the bound)."]
     return "\n".join(lines)
+
+
+def peer_label(peer_info: dict[str, Any]) -> str:
+    """Which TRL trainer the peer line is about: "TRL PPO" or "TRL GRPO"."""
+    return f"TRL {peer_info.get('trl_trainer', 'ppo').upper()}"
+
+
+def _group_note(peer_info: dict[str, Any]) -> str:
+    n = peer_info.get("trl_group_size") or 0
+    return f", groups of {n}" if n else ""
 
 
 def contention_line(summary: dict[str, Any], limit_cores: float | None = None) -> str:

@@ -2,7 +2,8 @@
 
 Owns: resolving the preset into configs, running each workload (``bench.runner``), the
 TRL peer in a subprocess (its own process, so neither run shares threads or memory; same
-models, prompt source, cap and EOS rule as the workload), the time-to-reward study
+models, prompt source, cap and EOS rule as the workload; TRL's GRPO when the workload's
+estimator is critic-free, its classic PPO otherwise), the time-to-reward study
 instead when asked (``--convergence``, ``bench.convergence``), and writing ``report.md``,
 ``results.json`` and the plots into the run folder.
 Leaves out: what a mode does (``colocate``), the numbers' meaning (``bench.report``), the
@@ -24,6 +25,7 @@ from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
 from colocate.bench.workloads import (MODES, PRESETS, Preset, small_models, workload_models, workload_overrides,
                                       workload_reward_fns)
+from colocate.trainer.estimators import CRITIC_FREE
 
 SENTIMENT = "sentiment-prompts"
 
@@ -83,25 +85,45 @@ def peer_shape(preset: Preset, workload: str) -> tuple[int, bool]:
     return preset.tokens(workload), workload in ("task", "reasoning")
 
 
-def peer_key(tokens: int, stop_at_eos: bool, source: str) -> str:
-    """Name of one TRL run in ``peer_raw`` and of its folder: ``<tokens>[-eos][-<task>]``."""
-    return f"{tokens}{'-eos' if stop_at_eos else ''}{'' if source == SENTIMENT else '-' + source.split(':')[-1]}"
+def peer_group(cfg) -> int:
+    """Group size of the TRL peer matching ``cfg``: ``rollout.group_size`` when its estimator
+    is critic-free (``ppo.advantage`` in grpo/rloo/reinforce_baseline: TRL's GRPO runs), 0
+    otherwise (TRL's classic PPO, with a critic)."""
+    return cfg.rollout.group_size if cfg.ppo.advantage in CRITIC_FREE else 0
+
+
+def peer_key(tokens: int, stop_at_eos: bool, source: str, group_size: int = 0) -> str:
+    """Name of one TRL run in ``peer_raw`` and of its folder: ``[grpo<N>-]<tokens>[-eos][-<task>]``
+    (the prefix: TRL's GRPO with groups of N)."""
+    return (f"{f'grpo{group_size}-' if group_size else ''}{tokens}{'-eos' if stop_at_eos else ''}"
+            f"{'' if source == SENTIMENT else '-' + source.split(':')[-1]}")
+
+
+def _peer_command(actor: str, rm: str, preset: Preset, out: Path, new_tokens: int, stop_at_eos: bool,
+                  epochs: int, minibatches: int, source: str, group_size: int, beta: float | None) -> list[str]:
+    module = "trl_grpo" if group_size else "trl_ppo"
+    cmd = [sys.executable, "-m", f"colocate.bench.peers.{module}", "--actor", actor, "--reward", rm,
+           "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
+           "--updates", str(preset.peer_updates), "--epochs", str(epochs),
+           "--minibatches", str(minibatches), "--source", source, "--out", str(out)]
+    if group_size:
+        cmd += ["--group-size", str(group_size), *(["--beta", str(beta)] if beta is not None else [])]
+    return cmd + (["--stop-at-eos"] if stop_at_eos else [])
 
 
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
              stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2, source: str = SENTIMENT,
+             group_size: int = 0, beta: float | None = None,
              guard: GuardOptions | None = None) -> dict[str, Any] | None:
-    """TRL's PPO on the same models, prompts, batch and PPO epochs/minibatches, in a
-    subprocess (under the contention guard: the others' load is in ``contention``);
-    None if unavailable."""
+    """TRL's PPO (``group_size`` 0) or GRPO (groups of ``group_size``, KL coefficient
+    ``beta``, None: colocate's default ``ppo.kl_coef``) on the same models, prompts, batch
+    and epochs/minibatches, in a subprocess (under the contention guard: the others' load
+    is in ``contention``); None if unavailable."""
     new_tokens = new_tokens or preset.max_new_tokens
-    cmd = [sys.executable, "-m", "colocate.bench.peers.trl_ppo", "--actor", actor, "--reward", rm,
-           "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
-           "--updates", str(preset.peer_updates), "--epochs", str(epochs),
-           "--minibatches", str(minibatches), "--source", source, "--out", str(out)]
-    if stop_at_eos:
-        cmd.append("--stop-at-eos")
-    log(f"TRL peer: {preset.peer_updates} updates of {preset.batch_size} × {new_tokens} tokens from {source}, "
+    cmd = _peer_command(actor, rm, preset, out, new_tokens, stop_at_eos, epochs, minibatches, source,
+                        group_size, beta)
+    log(f"TRL peer ({f'GRPO, groups of {group_size}' if group_size else 'PPO'}): {preset.peer_updates} updates "
+        f"of {preset.batch_size} × {new_tokens} tokens from {source}, "
         f"{epochs} epochs × {minibatches} minibatches" + (" (stop at EOS)" if stop_at_eos else ""))
     proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
                                                 capture_output=True, text=True), guard)
@@ -141,7 +163,7 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     if opts.convergence is not None:
         sections += _convergence(opts, actor, rm, out, guard, results, log)
     else:
-        peers: dict[tuple[int, bool, str], dict[str, Any] | None] = {}
+        peers: dict[tuple[int, bool, str, int], dict[str, Any] | None] = {}
         for workload in preset.workloads:
             sections += _workload(preset, opts, workload, (actor, rm), out, guard, peers, results, log)
         results["peer_raw"] = {peer_key(*k): p for k, p in peers.items()}
@@ -175,11 +197,11 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     cfg = _config(preset, opts, workload, actor, rm, out)
     peer = None
     if opts.peer and preset.peer_updates:
-        key = (*peer_shape(preset, workload), preset.source(workload))
+        key = (*peer_shape(preset, workload), preset.source(workload), peer_group(cfg))
         if key not in peers:
             peers[key] = run_peer(actor, rm, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0],
                                   stop_at_eos=key[1], epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches,
-                                  source=key[2], guard=guard)
+                                  source=key[2], group_size=key[3], beta=cfg.ppo.kl_coef, guard=guard)
         peer = peers[key]
     log(f"workload {workload}")
     data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe,

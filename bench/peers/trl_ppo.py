@@ -11,7 +11,10 @@ advantages (the rest of the scoring window: logprobs, GAE, whitening) and train,
 add up to the update. Warm-up updates (default 1) run first and are left out of the
 numbers, as colocate's bench does. `python -m colocate.bench.peers.trl_ppo` writes
 `trl_result.json`; the bench runs it in a subprocess, so the peer has its own threads
-and memory. trl is imported only when a run starts.
+and memory. trl is imported only when a run starts. Also owns what `bench.peers.trl_grpo`
+shares: the pad-token choice (`load_tokenizer`), prompt loading (`prompt_texts`), the
+update clock (`Clock`, `timed`), `seed_and_threads`, the result (`summary`) and the CLI's
+common options and one-line errors (`common_parser`, `run_cli`).
 
 Settings chosen for a like-for-like run: bf16 and gradient checkpointing off (TRL turns
 both on by default; colocate trains in fp32 without checkpointing); a pad token distinct
@@ -22,8 +25,9 @@ minibatches into one step); generation of the whole batch at once; responses run
 `max_new_tokens` unless `stop_at_eos` (TRL's default, and the bench's fixed-length
 workloads); no sample generations, evaluation or saving.
 
-Left out: TRL's other trainers (GRPO, RLOO), multi-process or GPU launch through
-accelerate, and comparisons of quality. Only throughput and the reward trace come back.
+Left out: TRL's other trainers (GRPO: `bench.peers.trl_grpo`; RLOO), multi-process or GPU
+launch through accelerate, and comparisons of quality. Only throughput and the reward
+trace come back.
 """
 
 from __future__ import annotations
@@ -54,15 +58,17 @@ PHASES = ("generate", *FORWARDS, "advantages", "train")
 
 
 class PeerUnavailable(ColocateError):
-    """TRL's classic PPO cannot be imported (trl missing, or a version without it)."""
+    """A TRL trainer the bench compares against cannot be imported (trl missing, or a version without it)."""
 
 
 # ---------------------------------------------------------------- timing
 
 
 @dataclasses.dataclass
-class _Clock:
-    """Marks of the update in progress, filled by model hooks and trainer events; finished updates."""
+class Clock:
+    """Marks of the update in progress, filled by model hooks and trainer events; finished updates.
+
+    `phases` splits an update into PPO's phases; `bench.peers.trl_grpo` overrides it for GRPO's."""
 
     start: float = 0.0
     first: dict[str, float] = dataclasses.field(default_factory=dict)  # phase -> when it first began
@@ -85,19 +91,22 @@ class _Clock:
     def leave(self, name: str) -> None:
         self.busy[name] = self.busy.get(name, 0.0) + time.perf_counter() - self.entered.pop(name)
 
-    def finish(self, now: float) -> None:
+    def phases(self, now: float) -> dict[str, float]:
+        """The update's phases, adding up to ``now - start``."""
         scored, trained = self.first.get("ref", now), self.first.get("train", now)
         forwards = {name: self.busy.get(name, 0.0) for name in FORWARDS}
-        phases = {"generate": scored - self.start, **forwards,
-                  "advantages": trained - scored - sum(forwards.values()), "train": now - trained}
-        self.records.append({"seconds": now - self.start, "phases": phases,
+        return {"generate": scored - self.start, **forwards,
+                "advantages": trained - scored - sum(forwards.values()), "train": now - trained}
+
+    def finish(self, now: float) -> None:
+        self.records.append({"seconds": now - self.start, "phases": self.phases(now),
                              "response_tokens": self.response_tokens, "reward_mean": self.reward_mean})
 
 
 class _UpdateTimer(TrainerCallback):
     """Cuts the clock at every update end (TRL's PPO loop emits no step-begin event)."""
 
-    def __init__(self, clock: _Clock, progress: Callable[[str], object] | None) -> None:
+    def __init__(self, clock: Clock, progress: Callable[[str], object] | None) -> None:
         self.clock, self.progress = clock, progress
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -117,13 +126,13 @@ class _UpdateTimer(TrainerCallback):
             self.progress(f"update {state.global_step}/{state.max_steps}: {last['seconds']:.1f} s ({phases})")
 
 
-def _attach_hooks(trainer: Any, clock: _Clock) -> list[Any]:
+def _attach_hooks(trainer: Any, clock: Clock) -> list[Any]:
     """Forward hooks on TRL's four models that feed `clock`; returns their handles."""
     wrapper = trainer.accelerator.unwrap_model(trainer.model)  # PolicyAndValueWrapper
     reward_backbone = getattr(trainer.reward_model, trainer.reward_model.base_model_prefix)
     rollout = lambda: not torch.is_grad_enabled()  # noqa: E731  the critic backbone also runs in training
-    handles = [*_timed(trainer.ref_model, "ref", clock), *_timed(reward_backbone, "reward", clock),
-               *_timed(wrapper.critic_backbone, "values", clock, when=rollout)]
+    handles = [*timed(trainer.ref_model, "ref", clock), *timed(reward_backbone, "reward", clock),
+               *timed(wrapper.critic_backbone, "values", clock, when=rollout)]
 
     def prompt_length(module, args, kwargs):  # first policy forward of an update: the prompt prefill
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -141,7 +150,8 @@ def _attach_hooks(trainer: Any, clock: _Clock) -> list[Any]:
     return handles
 
 
-def _timed(module: torch.nn.Module, name: str, clock: _Clock, when=lambda: True) -> list[Any]:
+def timed(module: torch.nn.Module, name: str, clock: Clock, when=lambda: True) -> list[Any]:
+    """Hooks that add `module`'s forward seconds to ``clock.busy[name]`` (while `when()` holds); their handles."""
     pre = module.register_forward_pre_hook(lambda m, a: clock.enter(name) if when() else None)
     post = module.register_forward_hook(lambda m, a, o: clock.leave(name) if when() else None)
     return [pre, post]
@@ -163,7 +173,7 @@ def _import_trl() -> tuple[str, Any, Any]:
     return trl.__version__, PPOConfig, PPOTrainer
 
 
-def _load_tokenizer(actor_path: str) -> Any:
+def load_tokenizer(actor_path: str) -> Any:
     """The actor's tokenizer, left-padded, with a pad token that is not EOS (no new embeddings)."""
     from transformers import AutoTokenizer
 
@@ -235,11 +245,9 @@ def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_
         raise ValueError(f"need batch_size ({batch_size}) divisible by minibatches ({minibatches}), at least "
                          f"one batch of prompts (got {len(prompts)}), updates and epochs >= 1, warmup >= 0")
     version, config_cls, trainer_cls = _import_trl()
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(seed)  # the value head's initialisation
-    tokenizer = _load_tokenizer(actor_path)
-    clock = _Clock()
+    seed_and_threads(seed, threads)  # the seed: the value head's initialisation
+    tokenizer = load_tokenizer(actor_path)
+    clock = Clock()
     trainer = trainer_cls(
         args=_ppo_config(config_cls, Path(out_dir), batch_size=batch_size, max_new_tokens=max_new_tokens,
                          updates=warmup + updates, epochs=epochs, minibatches=minibatches, seed=seed,
@@ -256,10 +264,19 @@ def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_
     settings = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "epochs": epochs,
                 "minibatches": minibatches, "seed": seed, "threads": torch.get_num_threads(),
                 "stop_at_eos": stop_at_eos, "pad_token": tokenizer.pad_token, "warmup": warmup}
-    return _summary(clock.records, version, settings)
+    return summary(clock.records, version, settings)
 
 
-def _summary(records: list[dict[str, Any]], version: str, settings: dict[str, Any]) -> dict[str, Any]:
+def seed_and_threads(seed: int, threads: int | None) -> None:
+    """Seed torch and give it `threads` threads (None or 0: torch's choice)."""
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+
+
+def summary(records: list[dict[str, Any]], version: str, settings: dict[str, Any],
+            phases: tuple[str, ...] = PHASES) -> dict[str, Any]:
+    """The result of a run from its updates' records, the `settings["warmup"]` first left out."""
     warm, records = records[: settings["warmup"]], records[settings["warmup"]:]
     seconds = [r["seconds"] for r in records]
     batch = settings["batch_size"]
@@ -270,7 +287,7 @@ def _summary(records: list[dict[str, Any]], version: str, settings: dict[str, An
         "trained_samples_per_s": statistics.median(batch / s for s in seconds),
         "response_tokens_per_s": statistics.median(r["response_tokens"] / r["seconds"] for r in records),
         "response_tokens": [r["response_tokens"] for r in records],
-        "phase_seconds": {p: [r["phases"][p] for r in records] for p in PHASES},
+        "phase_seconds": {p: [r["phases"][p] for r in records] for p in phases},
         "rss_gb_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,  # Linux: KiB
         "reward_mean_per_update": [r["reward_mean"] for r in records],
         "trl_version": version,
@@ -281,15 +298,16 @@ def _summary(records: list[dict[str, Any]], version: str, settings: dict[str, An
 # ---------------------------------------------------------------- CLI
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m colocate.bench.peers.trl_ppo", description=__doc__.splitlines()[0])
-    p.add_argument("--actor", required=True, help="actor model folder (policy, reference and value model)")
+def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options every TRL peer's CLI shares (models, batch, length, updates, epochs, ...)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--actor", required=True, help="actor model folder (policy and reference; PPO: the value model too)")
     p.add_argument("--reward", required=True, help="reward model folder (one-label sequence classifier)")
-    p.add_argument("--batch", type=int, default=8, help="prompts per update")
+    p.add_argument("--batch", type=int, default=8, help="trained samples per update")
     p.add_argument("--new-tokens", type=int, default=32, help="max new tokens per response")
     p.add_argument("--updates", type=int, default=2, help="measured updates")
     p.add_argument("--warmup", type=int, default=1, help="updates run first and left out of the numbers")
-    p.add_argument("--epochs", type=int, default=1, help="PPO epochs per update")
+    p.add_argument("--epochs", type=int, default=1, help="passes over each update's batch (colocate's ppo.epochs)")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -299,24 +317,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+def prompt_texts(source: str, n: int, seed: int) -> list[str]:
+    """The first `n` prompts of colocate's prompt `source`, shuffled under `seed` as colocate draws them."""
     from colocate.tasks import load_prompt_source
 
-    prompts = [p.text for p in load_prompt_source(a.source, (a.warmup + a.updates) * a.batch, a.seed)]
+    return [p.text for p in load_prompt_source(source, n, seed)]
+
+
+def run_cli(name: str, a: argparse.Namespace, run: Callable[[Callable[[str], object]], dict[str, Any]]) -> int:
+    """`run(progress)` for the peer CLI `name`: the result written to ``<a.out>/trl_result.json`` and
+    printed (0), or one line on stderr (2) on a user error (trl missing included), no file."""
     try:
-        result = run_trl_ppo(a.actor, a.reward, prompts, batch_size=a.batch, max_new_tokens=a.new_tokens,
-                             updates=a.updates, epochs=a.epochs, minibatches=a.minibatches, seed=a.seed,
-                             threads=a.threads, out_dir=a.out, stop_at_eos=a.stop_at_eos, warmup=a.warmup,
-                             progress=lambda line: print(f"trl_ppo: {line}", file=sys.stderr, flush=True))
+        result = run(lambda line: print(f"{name}: {line}", file=sys.stderr, flush=True))
     except (*USER_ERRORS, ValueError) as exc:
-        print(f"trl_ppo: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
     result["models"] = {"actor": a.actor, "reward": a.reward, "prompt_source": a.source}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / RESULT_NAME).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = common_parser("python -m colocate.bench.peers.trl_ppo", __doc__.splitlines()[0]).parse_args(argv)
+    prompts = prompt_texts(a.source, (a.warmup + a.updates) * a.batch, a.seed)
+    return run_cli("trl_ppo", a, lambda progress: run_trl_ppo(
+        a.actor, a.reward, prompts, batch_size=a.batch, max_new_tokens=a.new_tokens, updates=a.updates,
+        epochs=a.epochs, minibatches=a.minibatches, seed=a.seed, threads=a.threads, out_dir=a.out,
+        stop_at_eos=a.stop_at_eos, warmup=a.warmup, progress=progress))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """Bench report with the contention guard: contended steps left out of the medians and
-counted, kept with a warning when a mode has nothing else; the workloads' overrides."""
+counted, kept with a warning when a mode has nothing else; the workloads' overrides; which TRL
+peer (classic PPO, or GRPO for a critic-free estimator) runs and how the report names it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from colocate.bench.report import contention_line, markdown, summarize, uncontended
-from colocate.bench.suite import peer_key, peer_shape
+from colocate.bench.report import contention_line, markdown, peer_ratio, summarize, uncontended
+from colocate.bench.suite import BenchOptions, _config, _peer_command, peer_group, peer_key, peer_shape
 from colocate.bench.workloads import PRESETS, workload_overrides
 
 
@@ -82,3 +85,36 @@ def test_preset_overrides_come_last_so_trainer_switches_apply_to_every_workload(
     preset = dataclasses.replace(PRESETS["quick"], overrides=("ppo.epochs=1",))
     for workload in preset.workloads:
         assert workload_overrides(preset, workload)[-1] == "ppo.epochs=1"
+
+
+def _workload_config(*overrides: str):
+    """The `task` workload's config as the bench builds it (preset, then ``--set``)."""
+    opts = BenchOptions(overrides=overrides)
+    return _config(PRESETS["quick"], opts, "task", "actor-dir", "rm-dir", Path("/tmp/bench-unit"))
+
+
+def test_a_critic_free_workload_gets_the_grpo_peer_with_its_group_size():
+    grpo = _workload_config("ppo.advantage=grpo", "rollout.group_size=4", "ppo.kl_in=loss")
+    assert peer_group(grpo) == 4 and peer_group(_workload_config("ppo.advantage=rloo", "rollout.group_size=2")) == 2
+    assert peer_group(_workload_config()) == 0  # gae: the classic PPO peer, keys unchanged
+    assert peer_key(128, True, "sentiment-prompts", peer_group(grpo)) == "grpo4-128-eos"
+    assert peer_key(128, True, "sentiment-prompts", 0) == "128-eos"
+    cmd = _peer_command("a", "r", PRESETS["quick"], Path("o"), 64, True, 1, 2, "sentiment-prompts", 4, 0.05)
+    assert cmd[2] == "colocate.bench.peers.trl_grpo" and cmd[cmd.index("--group-size") + 1] == "4"
+    assert cmd[cmd.index("--beta") + 1] == "0.05" and cmd[-1] == "--stop-at-eos"
+    ppo = _peer_command("a", "r", PRESETS["quick"], Path("o"), 64, False, 1, 2, "sentiment-prompts", 0, 0.05)
+    assert ppo[2] == "colocate.bench.peers.trl_ppo" and "--group-size" not in ppo and "--beta" not in ppo
+
+
+def test_peer_line_names_the_trl_trainer():
+    s = summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"])
+    peer = {"batch_size": 8, "update_seconds": [8.0], "response_tokens": [64], "response_tokens_per_s": 8.0,
+            "trl_version": "1.12.0"}
+    ppo = peer_ratio(s, peer)
+    grpo = peer_ratio(s, {**peer, "trainer": "grpo", "group_size": 4})
+    assert (ppo["trl_trainer"], grpo["trl_trainer"], grpo["trl_group_size"]) == ("ppo", "grpo", 4)
+    assert grpo["median"] == ppo["median"] == 2.0
+    for info in (ppo, grpo):
+        info["trl_version"] = "1.12.0"
+    assert "TRL PPO (trl 1.12.0, same models/batch, responses of 8 tokens" in markdown("short", s, ppo, {})
+    assert "TRL GRPO (trl 1.12.0, same models/batch, groups of 4, responses" in markdown("short", s, grpo, {})
