@@ -35,7 +35,7 @@ def mode_spec(mode: str) -> tuple[str, str | None]:
 
 def valid_mode(mode: str) -> bool:
     base, pause = mode_spec(mode)
-    return base in MODES and (pause is None or (pause in PAUSE_MODES and base in ("inter", "oppo")))
+    return base in (*MODES, "auto") and (pause is None or (pause in PAUSE_MODES and base in ("inter", "oppo", "auto")))
 REASONING_TASK = "gsm_symbolic"
 
 

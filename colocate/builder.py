@@ -37,9 +37,11 @@ def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
     runs while both idle); in intra/oppo with the inline feeder the actor decodes while the
     reward engine prefills chunks, so each gets half the cores instead of both spinning
     OpenMP threads on all of them (oversubscription); the same with the feeder's own
-    process, whose reward engine prefills while the actor decodes."""
+    process, whose reward engine prefills while the actor decodes. ``overlap.mode=auto``:
+    every core each, as sequential's (threads are fixed at start; its streamed steps then
+    share the cores, and its picker runs them only where they still pay)."""
     e = cfg.engines
-    auto = max(1, cores // 2) if cfg.overlap.streamed else cores
+    auto = max(1, cores // 2) if cfg.overlap.mode in ("intra", "oppo") else cores
     return e.actor_threads or auto, e.reward_threads or auto
 
 

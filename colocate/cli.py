@@ -157,7 +157,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
     wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
     bad = [m for m in mode_list if not valid_mode(m)] + [w for w in wl if w not in WORKLOADS]
     if bad:
-        raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)} (inter and oppo also as "
+        raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)} or auto (inter, oppo and auto also as "
                             f"MODE/PAUSE, PAUSE one of {list(PAUSE_MODES)}), workloads {sorted(WORKLOADS)}")
     if convergence and (convergence_steps < 1 or eval_every < 1):
         raise ColocateError("--convergence-steps and --eval-every must be >= 1")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from colocate.auto_mode import DEFERRED, MODES, STREAMED
 from colocate.errors import ConfigError
 
 
@@ -122,7 +123,7 @@ class EnginesConfig:
 class OverlapConfig:
     """OPPO's two overlaps; ``mode`` switches them, everything else stays identical."""
 
-    mode: Literal["sequential", "intra", "inter", "oppo"] = "sequential"
+    mode: Literal["sequential", "intra", "inter", "oppo", "auto"] = "sequential"
     # intra-step: stream chunks of k tokens to the reward feeder over ZeroMQ
     chunk_size: int = 0  # 0: tune online among chunk_candidates (OPPO's rule)
     chunk_candidates: str = "16,32,64,128"
@@ -145,14 +146,31 @@ class OverlapConfig:
     is_cap: float = 2.0
     max_staleness: int = 1  # mask: train on tokens at most this many versions old
     drop_staleness: int = 4  # a deferred sample (partial or complete) whose oldest token is older is dropped
+    # mode=auto: each step runs one of auto_modes, picked by measuring them online
+    # (colocate/auto_mode.py): after a warm-up step each runs auto_trials steps, then the
+    # one with the fewest rollout seconds per trained sample (an overlap only when it beats
+    # sequential by auto_margin), and every auto_explore_every steps each runs once more
+    auto_modes: str = "sequential,intra,inter,oppo"
+    auto_trials: int = 2
+    auto_explore_every: int = 20
+    auto_margin: float = 0.03
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes a step may run: ``mode`` itself, or auto's candidates."""
+        if self.mode != "auto":
+            return (self.mode,)
+        return tuple(m.strip() for m in self.auto_modes.split(",") if m.strip())
 
     @property
     def streamed(self) -> bool:
-        return self.mode in ("intra", "oppo")
+        """Whether a step may stream (the reward feeder is started)."""
+        return any(m in STREAMED for m in self.modes)
 
     @property
     def deferral(self) -> bool:
-        return self.mode in ("inter", "oppo")
+        """Whether a step may defer (the scheduler's Δ and the staleness correction)."""
+        return any(m in DEFERRED for m in self.modes)
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -318,9 +336,14 @@ def validate(cfg: Config) -> None:
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
+        (cfg.overlap.mode != "auto" or (cfg.overlap.modes and set(cfg.overlap.modes) <= set(MODES)),
+         f"overlap.auto_modes: {cfg.overlap.auto_modes!r} must be a comma list of {', '.join(MODES)}"),
+        (cfg.overlap.auto_trials >= 1 and cfg.overlap.auto_explore_every >= 1 and 0 <= cfg.overlap.auto_margin < 1,
+         "overlap: need auto_trials >= 1, auto_explore_every >= 1 and 0 <= auto_margin < 1"),
         (not cfg.overlap.streamed or cfg.reward.kind == "model",
          f"overlap.mode={cfg.overlap.mode} streams tokens to the reward model as they are generated; "
-         "with reward.kind=rule use overlap.mode=inter (or sequential)"),
+         + ("with reward.kind=rule set overlap.auto_modes=sequential,inter" if cfg.overlap.mode == "auto"
+            else "with reward.kind=rule use overlap.mode=inter (or sequential)")),
         (cfg.overlap.chunk_size >= 0 and all(c > 0 for c in _safe_candidates(cfg.overlap.chunk_candidates)),
          "overlap.chunk_size must be >= 0 and overlap.chunk_candidates positive integers like 16,32,64"),
         (0 <= cfg.overlap.delta_min <= cfg.overlap.delta_init <= cfg.overlap.delta_max,

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from colocate.config import Config
-from colocate.rollout_phase import RewardFn, StepRollout, call_reward_fn, rollout_stats
+from colocate.auto_mode import DEFERRED, STREAMED, AutoPolicy, ModePicker
+from colocate.config import Config, OverlapConfig
+from colocate.rollout_phase import RewardFn, StepRollout, call_reward_fn, rollout_stats, run_sequential
 from colocate.engine import oppo, streamed
 from colocate.engine.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
@@ -51,6 +52,14 @@ def _scheduler_config(cfg: Config, batch_size: int) -> SchedulerConfig:
                            group_size=cfg.rollout.group_size)
 
 
+def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
+    """``overlap.auto_*`` as the picker's policy; without a reward model to stream to,
+    only the modes that do not stream."""
+    modes = tuple(m for m in o.modes if streams or m not in STREAMED)
+    return AutoPolicy(candidates=modes, trials=o.auto_trials, explore_every=o.auto_explore_every,
+                      margin=o.auto_margin)
+
+
 class Overlap:
     """Scheduler + tuner + feeder of one engine rank; ``batch_size``: the samples it trains
     per step (its share of ``rollout.batch_size``); Δ counts per rank."""
@@ -59,12 +68,14 @@ class Overlap:
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
                  timeline: Timeline | None = None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
-        self.timeline = timeline
+        self.timeline, self.log = timeline, log
         self.reward_fns, self.decode = list(reward_fns), decode
         o = cfg.overlap
         check_pause_mode(o.pause_mode, actor.device)
         self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
         self.scheduler = LengthAwareScheduler(_scheduler_config(cfg, batch_size or cfg.rollout.batch_size))
+        self.picker = ModePicker(auto_policy(o, streams=reward_engine is not None or feeder_engine is not None)) \
+            if o.mode == "auto" else None
         fixed = o.chunk_size or o.candidates[0]
         self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
                                                      adaptive=o.chunk_size == 0, fixed=fixed))
@@ -146,35 +157,74 @@ class Overlap:
     # ---- one step ----------------------------------------------------------------------
     def rollout(self, new_sample, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
         """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
-        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``)."""
-        plan = self.scheduler.plan(new_sample, version)
-        chunk = self.tuner.chunk_for_step(step)
-        need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
+        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``). Under
+        ``overlap.mode=auto`` the picker names the step's mode; its sequential steps run
+        the sequential schedule itself (``run_sequential``) on the scheduler's samples."""
+        mode, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
+        plan = self.scheduler.plan(new_sample, version, defer=mode in DEFERRED)
+        carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
         self.check_feeder()
         started = time.perf_counter()
         if plan.dropped and len(self.live):  # too stale to train on: their parked requests end
             run_guarded([self.actor], self.live.discard(self.actor, [s.index for s in plan.dropped]))
-        res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
-            self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
-            client=self.client, chunk=chunk,
-            cut_after=need if self.cfg.overlap.deferral else None,
-            extra_score=self._rule_score if self.reward_fns else None,
-            score_timeout_s=self.cfg.overlap.feeder_timeout_s,
-            pause_mode=self.cfg.overlap.pause_mode if self.cfg.overlap.deferral else "abort", live=self.live,
-            timeline=self.timeline))
-        self.tuner.record(step, chunk, time.perf_counter() - started)
-        train, defer = self.scheduler.select(res.completed + res.unfinished)
-        for fate, group in (("trained", train), ("deferred", defer)):
+        if mode == "sequential" and not carried:
+            seconds = run_sequential(self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
+                                     reward_fns=self.reward_fns, decode=self.decode, timeline=self.timeline,
+                                     score_timeout_s=self.cfg.overlap.feeder_timeout_s)
+            ended, chunk = plan.launch, 0
+        else:
+            seconds, ended, chunk = self._run_step(plan, mode, step, sampling)
+        elapsed = time.perf_counter() - started
+        train, defer = self.scheduler.select(ended)
+        if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
+            self._record_auto(step, mode, elapsed, len(train), measured and (mode in DEFERRED or not carried))
+        for fate, group in (("trained", train if mode != "sequential" or carried else []), ("deferred", defer)):
             for s in group:
                 mark(self.timeline, fate, s.index)
-        stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": self.scheduler.delta,
-                 "chunk_size": chunk if self.client else 0, "dropped": len(plan.dropped),
+        stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": plan.delta,
+                 "chunk_size": chunk, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
-                 **self._channel_stats()}
-        return StepRollout(train, res.seconds, {**rollout_stats(train), **{f"overlap/{k}": v for k, v in stats.items()}})
+                 **self._auto_stats(mode), **self._channel_stats()}
+        return StepRollout(train, seconds, {**rollout_stats(train), **{f"overlap/{k}": v for k, v in stats.items()}})
+
+    def _run_step(self, plan, mode: str, step: int, sampling: dict[str, Any]):
+        """``plan`` through ``engine.oppo.run_step`` in ``mode``: streamed scoring when it
+        streams, the cut after the first B/n groups when it defers. Returns the phase
+        seconds, every launched sample (finished first, in completion order) and the chunk."""
+        o = self.cfg.overlap
+        streams = self.client is not None and mode in STREAMED
+        chunk = self.tuner.chunk_for_step(step) if streams else 0
+        need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
+        started = time.perf_counter()
+        res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
+            self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
+            client=self.client if streams else None, chunk=chunk or 64,
+            cut_after=need if mode in DEFERRED else None,
+            extra_score=self._rule_score if self.reward_fns else None,
+            score_timeout_s=o.feeder_timeout_s,
+            pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
+            timeline=self.timeline))
+        if streams:
+            self.tuner.record(step, chunk, time.perf_counter() - started)
+        return res.seconds, res.completed + res.unfinished, chunk
+
+    def _record_auto(self, step: int, mode: str, seconds: float, trained: int, measured: bool) -> None:
+        self.picker.record(mode, seconds, trained, measured)
+        nxt, _ = self.picker.choose()
+        if nxt != mode:
+            costs = ", ".join(f"{m} {c:.3f}" for m, c in self.picker.stats().items())
+            self.log(f"overlap.mode=auto: step {step + 1} ran {mode}, the next runs {nxt} "
+                     f"(rollout s per trained sample: {costs or 'none measured yet'})")
+
+    def _auto_stats(self, mode: str) -> dict[str, float]:
+        """Which overlaps the step ran under ``overlap.mode=auto``, and each mode's cost."""
+        if self.picker is None:
+            return {}
+        return {"auto_streamed": float(mode in STREAMED), "auto_deferral": float(mode in DEFERRED),
+                **self.picker.stats()}
 
     def _channel_stats(self) -> dict[str, int]:
         """Frames refused (malformed) or lost (dropped connections, discarded chunks) on the
@@ -203,7 +253,8 @@ class Overlap:
         self.scheduler.observe_reward(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict()}
+        auto = {"auto": self.picker.state_dict()} if self.picker is not None else {}
+        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), **auto}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Also reads checkpoints written before samples carried their score and prompt
@@ -215,3 +266,5 @@ class Overlap:
             d.setdefault("record", records.get(str(d["index"]), {}))
         self.scheduler.load_state_dict(scheduler)
         self.tuner.load_state_dict(state["tuner"])
+        if self.picker is not None and "auto" in state:
+            self.picker.load_state_dict(state["auto"])

@@ -171,10 +171,12 @@ class LengthAwareScheduler:
     def deferred(self) -> tuple[Sample, ...]:
         return tuple(self._deferred)
 
-    def plan(self, make_sample: MakeSample, current_version: int) -> Plan:
+    def plan(self, make_sample: MakeSample, current_version: int, defer: bool = True) -> Plan:
         """Choose the B+Δ samples (B/n + Δ groups) of this step; ``current_version`` is the
         weight version the actor will generate with. With n > 1, ``make_sample(index)``
-        must return members of group ``index // n`` (one prompt per group)."""
+        must return members of group ``index // n`` (one prompt per group). ``defer``
+        False (a step of ``overlap.mode=auto`` without deferral): B only, no Δ, deferred
+        samples still first."""
         if self._in_flight is not None:
             raise EngineError("scheduler: plan() called again before select() closed the step")
         limit = self.config.max_staleness_versions
@@ -182,7 +184,7 @@ class LengthAwareScheduler:
         stale = [any(_too_stale(s, current_version, limit) for s in g) for g in groups]
         dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
         keep = [g for g, bad in zip(groups, stale) if not bad]
-        pool = self.config.batch_groups + self.delta
+        pool = self.config.batch_groups + (self.delta if defer else 0)
         ready = [g for g in keep if all(s.finished for s in g)][:pool]
         partial = [g for g in keep if not all(s.finished for s in g)][: pool - len(ready)]
         taken = {g[0].group_id for g in ready + partial}
@@ -193,7 +195,7 @@ class LengthAwareScheduler:
         self._ready = [s for g in ready for s in g]
         self._waiting = [s for g in partial for s in g if s.finished]
         self._in_flight = {s.index for s in launch}
-        return Plan(launch, list(self._ready), dropped, len(resumed), self.delta, list(self._waiting))
+        return Plan(launch, list(self._ready), dropped, len(resumed), self.delta if defer else 0, list(self._waiting))
 
     def _new_samples(self, make_sample: MakeSample, groups: int) -> list[Sample]:
         n = self.config.group_size

@@ -53,3 +53,36 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
     _, parts = checkpoint.load(checkpoint.latest(tmp_path / mode))
     [rank] = parts["rollout"]["ranks"]  # one engine rank
     assert rank["overlap"]["scheduler"]["next_index"] >= 12
+
+
+def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models, tmp_path):
+    # auto with one trial each and a re-exploration every 2 steps: steps 1-5 are the
+    # warm-up (sequential) and one step of sequential, intra, inter, oppo; the long tail
+    # (as above) makes inter/oppo defer, and the next step without deferral finishes them
+    out = tmp_path / "auto"
+    extra = ["overlap.mode=auto", "overlap.auto_trials=1", "overlap.auto_explore_every=2",
+             "overlap.delta_init=3", "overlap.delta_adaptive=false", "overlap.chunk_size=8",
+             "rollout.max_new_tokens=128", "rollout.length_dist=lognormal", "rollout.length_median=8",
+             "rollout.length_sigma=1.5", "rollout.ignore_eos=true"]
+    hist = api.train(config(models, out, "run.steps=6", *extra), quiet=True).history
+    ran = [(h["overlap/auto_streamed"], h["overlap/auto_deferral"]) for h in hist]
+    assert ran[:5] == [(0, 0), (0, 0), (1, 0), (0, 1), (1, 1)], ran
+    assert all(h["trained_samples"] == 4 for h in hist)
+    assert hist[3]["overlap/deferred"] > 0 and hist[3]["overlap/delta"] == 3  # inter deferred stragglers
+    assert hist[2]["overlap/delta"] == 0 and hist[1]["overlap/launched"] == 4  # no Δ without deferral
+    assert hist[1]["overlap/chunk_size"] == 0 and hist[2]["overlap/chunk_size"] == 8  # intra streamed
+    assert all(f"overlap/auto_cost_{m}" in hist[4] for m in ("sequential", "intra", "inter"))
+    for prev, h in zip(hist, hist[1:]):
+        if prev["overlap/deferred"] and not h["overlap/auto_deferral"]:
+            assert h["overlap/deferred"] == 0  # what deferral left (<= Δ < B) is finished first
+    from colocate import checkpoint
+
+    every = api.train(config(models, out, "run.steps=8", *extra), quiet=True, resume=out).history
+    assert [h["step"] for h in every] == list(range(1, 9))  # the run's whole history
+    hist2 = every[6:]
+    assert all(f"overlap/auto_cost_{m}" in hist2[0] for m in ("sequential", "intra", "inter", "oppo"))
+    _, parts = checkpoint.load(checkpoint.latest(out))
+    [rank] = parts["rollout"]["ranks"]
+    scheduler = rank["overlap"]["scheduler"]
+    trained = sum(h["trained_samples"] for h in hist + hist2)
+    assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == scheduler["next_index"]
