@@ -2,7 +2,8 @@
 
 Owns the start-up order: distributed group → model folders → SGLang engines on every
 engine rank (``colocate.placement``; before FSDP sharding, so the engines' spawned
-schedulers never inherit a process group), released at once on CUDA → trainer → prompts
+schedulers never inherit a process group), released at once on CUDA → the tensor-parallel
+groups' subgroups (``engines.tp_size`` > 1) → trainer → prompts
 and reward functions → optional resume → engines woken with the trainer's weights (CUDA,
 or after a resume).
 Leaves out: the step (``colocate.loop``).
@@ -197,6 +198,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
           log: Callable[[str], None] = print) -> Session:
     from transformers import AutoTokenizer
 
+    from colocate import tp_exchange
     from colocate.engine.start_checks import check_remote_code
     from colocate.trainer.distributed import init_distributed
     from colocate.trainer.kl_control import make_kl_controller
@@ -246,6 +248,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         timesharing.release([actor, reward])  # CUDA: the device back before the trainer loads (woken in wake_engines)
         if barrier is not None:
             barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
+        # every rank, same order: each TP rank of an engine loads its own training rank's copy of the weights
+        tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
         trainer = make_trainer(cfg, actor_path, critic_path, dist)
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
@@ -265,7 +269,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), sharing, out_dir, log, overlap,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
-                          timeline=timeline)
+                          timeline=timeline, tp_exchange=tp)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)

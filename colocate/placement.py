@@ -10,7 +10,9 @@ so the union sorted by index is what one rank would have drawn), and where its e
 run (GPU ``base_gpu_id``: the trainer's own device, by the one rule
 ``trainer.distributed.local_device_index``, so under a launcher that shows each process
 one GPU both pick 0; on CPU the rank's share of the cores; NCCL ports
-from disjoint per-rank ranges, so ranks starting engines side by side never race for one).
+from disjoint per-rank ranges, so ranks starting engines side by side never race for one),
+and its tensor-parallel group (``tp_size`` consecutive ranks; TP rank i on the GPU of the
+group's i-th rank, ``gpu_id`` + i).
 
 Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.rank_rollouts``);
 starting the engines (``colocate.builder``).
@@ -57,6 +59,19 @@ class Placement:
     @property
     def hosts_engines(self) -> bool:
         return self.local_rank % self.tp_size == 0
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's place in its tensor-parallel group: the engine's TP rank whose GPU is
+        this rank's (``gpu_id`` of the group's first rank + ``tp_rank``, SGLang's order)."""
+        return self.local_rank % self.tp_size
+
+    @property
+    def tp_groups(self) -> list[list[int]]:
+        """The global ranks of every tensor-parallel group, in TP rank order: consecutive
+        ranks (torchrun numbers a node's processes consecutively, and ``tp_size`` divides
+        them), the first hosting the engine."""
+        return [list(range(start, start + self.tp_size)) for start in range(0, self.world, self.tp_size)]
 
     @property
     def engine_rank(self) -> int:

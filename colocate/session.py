@@ -94,6 +94,7 @@ class Session:
     placement: Placement = Placement()  # who generates where (one rank: everything here)
     timeline: Any = None  # colocate.engine.timeline.Timeline when run.timeline (rank 0), else None
     _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
+    tp_exchange: Any = None  # colocate.tp_exchange.TPExchange with engines.tp_size > 1 (every rank), else None
 
     @property
     def stop_ids(self) -> list[int]:
@@ -182,14 +183,20 @@ class Session:
     def push_weights(self, full: weight_sync.Weights) -> float:
         """Load ``full`` (``gather_weights``) into this rank's engine as the next weight
         version; returns the engine's seconds (0 on a rank without engines, which still
-        takes its part in a lazy gather)."""
+        takes its part in a lazy gather and, in a tensor-parallel group, serves its own
+        copy of every bucket to the TP rank on its GPU)."""
         self.state.weight_version += 1
         self.fault("sync", self.state.step)
-        if self.actor is None:
+        tp = self.tp_exchange if self.timesharing.device_push else None  # a device push: every rank holds the tensors
+        mb = self.cfg.engines.sync_bucket_mb
+        if self.actor is None and tp is None:
             _drain(full)
             return 0.0
         try:
-            return weight_sync.sync(self.actor, full, self.state.weight_version, self.cfg.engines.sync_bucket_mb)
+            if self.actor is None:
+                weight_sync.serve(tp, full, mb)
+                return 0.0
+            return weight_sync.sync(self.actor, full, self.state.weight_version, mb, tp)
         except BaseException:
             with contextlib.suppress(Exception):  # a push that failed midway still takes the rest of the
                 _drain(full)  # gather's collectives, so the ranks can agree on the failure after it

@@ -5,17 +5,22 @@ pushing them through the engine's tensor-update API under a new weight version (
 engine flushes its radix cache with the last bucket — or, while requests paused in place
 hold KV, leaves the old KV in the old version's namespace of the cache, where no new
 request looks — so no new request is served KV computed under the old weights). The state may be host tensors (CPU) or the trainer's device
-tensors made one at a time (CUDA: cut and cast on the device, sent as CUDA-IPC handles).
-Leaves out: gathering the state from FSDP (``trainer``).
+tensors made one at a time (CUDA: cut and cast on the device, sent as CUDA-IPC handles;
+with a tensor-parallel engine every rank of its group cuts the same buckets and each TP rank
+loads its own training rank's copy). Leaves out: gathering the state from FSDP
+(``trainer``); the exchange between the ranks of a TP group (``colocate.tp_exchange``).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 import torch
 
 from colocate.engine.runtime import run_guarded
+
+if TYPE_CHECKING:
+    from colocate.tp_exchange import TPExchange
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -41,11 +46,23 @@ def buckets(state: Weights, bucket_bytes: int,
         yield cur
 
 
-def sync(engine, state: Weights, version: int, bucket_mb: int) -> float:
+def sync(engine, state: Weights, version: int, bucket_mb: int, tp: TPExchange | None = None) -> float:
     """Load ``state`` into ``engine`` as ``version``, in the engine's dtype, then let the
     requests paused at the last cut (``overlap.pause_mode`` in_place/retract) go on under
-    the new weights; returns seconds taken."""
-    seconds = engine.update_weights(buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype)), version=version)
+    the new weights; returns seconds taken. ``tp``: a tensor-parallel engine's TP rank i
+    gets training rank i's copy of each bucket (the other ranks :func:`serve` theirs)."""
+    cut = buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype))
+    if tp is None:
+        seconds = engine.update_weights(cut, version=version)
+    else:
+        seconds = tp.push(lambda walk, exchange: engine.update_weights(walk, version=version, exchange=exchange), cut)
     if engine.paused is not None:
         run_guarded([engine], engine.continue_generation())
     return seconds
+
+
+def serve(tp: TPExchange, state: Weights, bucket_mb: int) -> None:
+    """A rank without engines in a tensor-parallel group: cut the same buckets as its host
+    (``tp.dtype``, the engine's) from its own copy of ``state`` and serve them to the TP
+    rank on its GPU. Collective over the group (and ``state``'s lazy gather)."""
+    tp.serve(buckets(state, bucket_mb << 20, tp.dtype))

@@ -7,7 +7,8 @@ first, every call guarded), shutdown of this engine's own processes only).
 
 Leaves out: what a rollout or a reward score means (``engine.rollout``,
 ``engine.reward``); SGLang imports (``engine.sglang_api``); the checks before start-up
-(``engine.start_checks``).
+(``engine.start_checks``); a bucket's wire form and its payload per tensor-parallel rank
+(``engine.weight_payloads``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import psutil
 
 from .errors import EngineError, EngineStartError
 from .start_checks import check_allocator_conf, check_model, start_error
+from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api
 
 Role = Literal["actor", "reward"]
@@ -267,15 +269,19 @@ class SglangEngine:
 
     # ---- control (sync; call while no request is in flight) --------------------------
     def update_weights(self, buckets: Iterable[list[tuple[str, Any]]], version: int,
-                       flattened: bool | None = None) -> float:
+                       flattened: bool | None = None, exchange: Exchange | None = None) -> float:
         """Load named tensors bucket by bucket; flush the radix cache on the last bucket.
         Buckets are consumed one at a time (one look-ahead to know the last), so a lazy
         ``buckets`` keeps at most two bucket copies alive. ``flattened`` (default: on CUDA)
         sends each bucket as one byte tensor plus metadata (SGLang's ``flattened_bucket``):
         a CUDA tensor then crosses as one CUDA-IPC handle, the scheduler copying device to
         device; host tensors go faster as plain lists (measured: 0.28 vs 0.93 s per push of
-        SmolLM2 on CPU). Every request to the scheduler is guarded: a scheduler that dies
-        meanwhile raises :class:`EngineDiedError` instead of leaving the call waiting forever."""
+        SmolLM2 on CPU). ``exchange`` (a tensor-parallel engine whose TP ranks' GPUs belong to
+        other training ranks): maps this process's serialized bucket to every TP rank's
+        payload, TP rank i's own copy from its own GPU (``engine.weight_payloads``); without
+        it every TP rank is sent a handle of this process's copy. Every request to the
+        scheduler is guarded: a scheduler that dies meanwhile raises
+        :class:`EngineDiedError` instead of leaving the call waiting forever."""
         flattened = self.device == "cuda" if flattened is None else flattened
         self._thaw()
         # requests paused in place hold KV, so SGLang refuses the flush; the version
@@ -286,16 +292,11 @@ class SglangEngine:
         _raise_failed(self.cfg.label, "begin_weight_update",
                       run_guarded([self], tm.begin_weight_update(self._api.BeginWeightUpdateReqInput(selector="all"), None)))
         try:
-            pending = iter(buckets)
-            bucket = next(pending, None)
-            while bucket is not None:
-                following = next(pending, None)
-                last = following is None
+            for bucket, last in with_last(buckets):
                 ok, message = self._update_bucket(bucket, flush=last and flush, version=version if last else None,
-                                                  flattened=flattened)
+                                                  flattened=flattened, exchange=exchange)
                 if not ok:
                     raise RuntimeError(f"weight update into the {self.cfg.label} failed: {message}")
-                bucket = following
         except BaseException:
             if self.alive():  # the session is closed; the first error (or a dead scheduler's) is the one to report
                 run_guarded([self], tm.end_weight_update(self._api.EndWeightUpdateReqInput(), None))
@@ -305,13 +306,11 @@ class SglangEngine:
         self.weight_version = version
         return time.perf_counter() - started
 
-    def _update_bucket(self, bucket, *, flush: bool, version: int | None, flattened: bool):
-        data: Any = bucket
-        if flattened:
-            flat = self._api.FlattenedTensorBucket(named_tensors=bucket)
-            data = {"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()}
-        # one payload per tensor-parallel rank: each deserializes its own (CUDA-IPC refcounts)
-        payloads = [self._api.MultiprocessingSerializer.serialize(data) for _ in range(self.cfg.tp_size)]
+    def _update_bucket(self, bucket, *, flush: bool, version: int | None, flattened: bool,
+                       exchange: Exchange | None = None):
+        data = bucket_data(bucket, flattened)  # alive until the scheduler has loaded it (the call returns)
+        # one payload per tensor-parallel rank, entry i for TP rank i: each deserializes its own
+        payloads = rank_payloads(data, self.cfg.tp_size, exchange)
         obj = self._api.UpdateWeightsFromTensorReqInput(
             serialized_named_tensors=payloads, flush_cache=flush,
             load_format="flattened_bucket" if flattened else None,

@@ -7,7 +7,8 @@ or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
 (`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
 `gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), a barrier
-(`barrier`), telling a
+(`barrier`), subgroups of ranks with a gather of objects to a group's first rank and a barrier
+on the group (`new_groups`, `gather_to_first`, `group_barrier`), telling a
 collective that failed because another rank went away (`lost_peer`), and leaving a failed
 rank's line for the others in the process group's store (`post_failure`, `posted_failure`).
 
@@ -25,7 +26,7 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -285,6 +286,34 @@ def all_reduce_max(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.world_size > 1:
         dist.all_reduce(total, op=dist.ReduceOp.MAX)
     return total
+
+
+def new_groups(groups: Sequence[Sequence[int]], rank: int) -> Any:
+    """Create a gloo subgroup for each of ``groups`` (lists of global ranks), in order, and
+    return the one ``rank`` belongs to (None if none). Collective: every rank of the world
+    must call it with the same ``groups``. Gloo: the groups carry small pickled objects and
+    barriers, never tensors of the model."""
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(list(ranks), backend="gloo")
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def gather_to_first(obj: object, group: Any) -> list | None:
+    """Every member's ``obj``, in ``group``'s rank order, on the group's first rank; None
+    on the others (pickled; for small objects). Collective over ``group``: a member returns
+    only once every member, the first included, has called it."""
+    first = dist.get_rank(group) == 0
+    out: list | None = [None] * dist.get_world_size(group) if first else None
+    dist.gather_object(obj, out, group=group, group_dst=0)
+    return out
+
+
+def group_barrier(group: Any) -> None:
+    """Wait until every member of ``group`` (a gloo subgroup of ``new_groups``) is here."""
+    dist.barrier(group=group)
 
 
 def barrier(info: DistInfo) -> None:

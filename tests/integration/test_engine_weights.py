@@ -107,3 +107,42 @@ def test_a_refused_weight_update_session_is_one_line_and_changes_nothing(actor_e
     assert actor_engine.weight_version == version
     actor_engine.update_weights(buckets(model, 1 << 20), version=version + 1)  # the engine is fine afterwards
     assert actor_engine.weight_version == version + 1
+
+
+def test_the_payloads_of_an_exchange_reach_sglang_in_tp_rank_order(actor_engine, tiny_actor_path):
+    """A tensor-parallel engine's TP rank i loads entry i of each bucket's payload list
+    (SGLang's ``serialized_named_tensors``); with an ``exchange`` the engine sends exactly the
+    list it returns. On CPU the engine has one TP rank, so it loads entry 0: the host's own
+    copy when that comes first, the other one when the order is swapped."""
+    from colocate.engine.weight_payloads import serialize_bucket
+
+    run = actor_engine.loop.run_until_complete
+    base = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp_min(1e-3))
+    base_tokens, new_tokens = hf_greedy(base, PROMPT, 12)[0], hf_greedy(new, PROMPT, 12)[0]
+    assert base_tokens != new_tokens
+    others = buckets(base, 20_000)  # the same cut of the other copy's weights
+
+    def exchange(own_first: bool, sent: list):
+        def payloads(own: bytes) -> list[bytes]:
+            data, other = serialize_bucket(others[len(sent)], flattened=True)
+            sent.append(data)  # alive until the engine has loaded it
+            return [own, other] if own_first else [other, own]
+        return payloads
+
+    version = actor_engine.weight_version
+    try:
+        for step, (own_first, want) in enumerate(((True, new_tokens), (False, base_tokens)), start=1):
+            sent: list = []
+            actor_engine.update_weights(buckets(new, 20_000), version=version + step, flattened=True,
+                                        exchange=exchange(own_first, sent))
+            assert len(sent) == len(others)  # one exchange per bucket
+            out = Sample(0, PROMPT, 12)
+            run(rollout.generate(actor_engine, [out], GREEDY, f"wtp{step}"))
+            assert out.output_ids == want
+    finally:  # restore the session engine's weights for other tests
+        actor_engine.update_weights(buckets(base, 10**9), version=version + 3)
