@@ -119,3 +119,30 @@ def test_auto_engines_get_every_core_like_sequential():
 
     for mode, want in (("sequential", (2, 2)), ("inter", (2, 2)), ("auto", (2, 2)), ("oppo", (1, 1))):
         assert builder.engine_threads(load_config(overrides=[f"overlap.mode={mode}"]), 2) == want
+
+
+def test_a_clear_loss_skips_the_remaining_trials_and_backs_off():
+    dear = {"sequential": 1.0, "intra": 2.0, "inter": 1.1, "oppo": 0.9}  # intra: a clear loss (> 1.25x)
+    picker = ModePicker(AutoPolicy(trials=2, explore_every=2))
+    ran = run(picker, dear, 10)
+    assert ran[:8] == ["sequential"] * 3 + ["intra"] + ["inter"] * 2 + ["oppo"] * 2  # intra's 2nd trial skipped
+    assert ran[8:] == ["oppo"] * 2
+    assert picker.losses == {"sequential": 0, "intra": 1, "inter": 0, "oppo": 0}
+    explored = explored_rounds(picker, dear, 8)  # intra loses each time: rounds 2, 4, then 8
+    assert explored == [False, True, False, True, False, False, False, True]
+    assert picker.losses["intra"] == 3  # round 8 has begun; its intra step is still queued
+    recovered = {**dear, "intra": 0.5}
+    assert explored_rounds(picker, recovered, 16)[-1]  # still explored, every 16th round at most
+    assert picker.losses["intra"] == 0 and picker.best() == "intra"
+
+
+def explored_rounds(picker: ModePicker, cost: dict[str, float], rounds: int) -> list[bool]:
+    """Whether intra is in each of the next ``rounds`` re-explorations."""
+    out = []
+    while len(out) < rounds:
+        before = picker.rounds
+        mode, measured = picker.choose()
+        if picker.rounds != before:
+            out.append("intra" in picker.queue)
+        picker.record(mode, cost[mode] * 4, 4, measured)
+    return out
