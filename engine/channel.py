@@ -99,9 +99,6 @@ class ChannelStats:
     disconnects: int = 0  # peer connections dropped, incl. for a frame over max_frame_bytes
     last_error: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 class _Endpoint:
     """The socket, its context (owned unless given) and, for receivers, a monitor."""

@@ -67,10 +67,6 @@ class SchedulerConfig:
                 raise EngineConfigError(f"overlap.{name}: {getattr(self, name)!r} {why}")
 
     @property
-    def max_launch(self) -> int:
-        return self.batch_size + self.delta_max * self.group_size
-
-    @property
     def batch_groups(self) -> int:
         return self.batch_size // self.group_size
 
@@ -248,10 +244,6 @@ class LengthAwareScheduler:
     def observe_reward(self, mean_reward: float) -> int:
         """Feed this step's mean reward to the Δ controller; returns the new Δ."""
         return self.delta_ctl.update(mean_reward)
-
-    def stats(self) -> dict[str, int]:
-        return {"deferred": len(self._deferred), "dropped_total": self.dropped_total,
-                "delta": self.delta, "next_index": self.next_index}
 
     def state_dict(self) -> dict[str, Any]:
         if self._in_flight is not None:

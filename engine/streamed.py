@@ -21,7 +21,7 @@ from typing import Sequence
 from .errors import EngineError, RewardRequestError
 from .channel import AsyncReceiver, AsyncSender, validate_endpoint
 from .rollout import Sample
-from .wire import Heartbeat, ScoreError, ScoreResult, Shutdown, TokenChunk
+from .wire import Heartbeat, ScoreError, ScoreResult, TokenChunk
 
 
 class FeederLostError(EngineError):
@@ -142,9 +142,6 @@ class ScoreClient:
         fut = self._futures.pop((step, index), None)
         if fut is not None and fut.done() and not fut.cancelled():
             fut.exception()  # an error for a request no one awaits any more (aborted): seen
-
-    async def shutdown_feeder(self) -> None:
-        await self._tx.send(Shutdown(reason="run finished"), timeout_s=1.0)
 
 
 class Chunker:

@@ -5,8 +5,7 @@ decoder-only model (`shard_model`: each decoder layer, then the root), gathering
 HF-named state dict to rank 0 (`full_state_dict`), to every rank (`full_state_everywhere`)
 or lazily on the device (`full_tensors`),
 broadcasting objects from rank 0 (`broadcast_object`) and gathering every rank's
-(`all_gather_object`), splitting/gathering batch rows across ranks (`rank_rows`,
-`gather_rows`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), a barrier
+(`all_gather_object`), element-wise sums and maxima over ranks (`all_reduce_sum`, `all_reduce_max`), a barrier
 (`barrier`), subgroups of ranks with a gather of objects to a group's first rank and a barrier
 on the group (`new_groups`, `gather_to_first`, `group_barrier`), telling a
 collective that failed because another rank went away (`lost_peer`), and leaving a failed
@@ -253,23 +252,6 @@ def posted_failure(info: DistInfo) -> str | None:
         return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else None
     except Exception:  # noqa: BLE001 - nothing to read back: the caller says what it knows
         return None
-
-
-def rank_rows(batch_size: int, info: DistInfo) -> slice:
-    """This rank's contiguous share of `batch_size` rows (which must divide evenly)."""
-    if batch_size % info.world_size:
-        raise ValueError(f"{batch_size} rows do not split evenly over {info.world_size} ranks")
-    share = batch_size // info.world_size
-    return slice(info.rank * share, (info.rank + 1) * share)
-
-
-def gather_rows(local: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """Concatenate every rank's [b, ...] tensor in rank order -> [world * b, ...] on every rank."""
-    if info.world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(info.world_size)]
-    dist.all_gather(parts, local.contiguous())
-    return torch.cat(parts)
 
 
 def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
