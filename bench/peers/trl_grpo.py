@@ -54,10 +54,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PrinterCallback, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
 
 from colocate.bench.peers.trl_ppo import (INSTALL_HINT, TRL_VERSION, Clock, PeerUnavailable, common_parser,
-                                          load_tokenizer, prompt_texts, run_cli, seed_and_threads, summary, timed)
+                                          load_tokenizer, prompt_texts, run_cli, seed_and_threads, summary, timed,
+                                          train_timed)
 from colocate.config import PPOConfig
 
 FORWARDS = ("old_logp", "ref", "reward")
@@ -237,13 +238,7 @@ def run_trl_grpo(actor_path: str, reward_path: str, prompts: list[str], s: GrpoS
         reward_processing_classes=[reward_tokenizer], train_dataset=_prompt_dataset(prompts[: s.prompts]),
         callbacks=[_UpdateTimer(clock, s.steps_per_update, s.batch_size, progress)],
         **_load_models(actor_path, reward_path, tokenizer.pad_token_id))
-    trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
-    handles = _attach_hooks(trainer, clock)
-    try:
-        trainer.train()
-    finally:
-        for handle in handles:
-            handle.remove()
+    train_timed(trainer, lambda t: _attach_hooks(t, clock))
     settings = {**dataclasses.asdict(s), "threads": torch.get_num_threads(), "pad_token": tokenizer.pad_token}
     return {"trainer": "grpo", "group_size": s.group_size, **summary(clock.records, version, settings, PHASES)}
 

@@ -254,13 +254,7 @@ def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_
                          stop_at_eos=stop_at_eos),
         processing_class=tokenizer, train_dataset=_prompt_dataset(tokenizer, prompts),
         callbacks=[_UpdateTimer(clock, progress)], **_load_models(actor_path, reward_path, tokenizer.pad_token_id))
-    trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
-    handles = _attach_hooks(trainer, clock)
-    try:
-        trainer.train()
-    finally:
-        for handle in handles:
-            handle.remove()
+    train_timed(trainer, lambda t: _attach_hooks(t, clock))
     settings = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "epochs": epochs,
                 "minibatches": minibatches, "seed": seed, "threads": torch.get_num_threads(),
                 "stop_at_eos": stop_at_eos, "pad_token": tokenizer.pad_token, "warmup": warmup}
@@ -272,6 +266,18 @@ def seed_and_threads(seed: int, threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
+
+
+def train_timed(trainer, attach_hooks: Callable[[Any], list]) -> None:
+    """``trainer.train()`` with the phase hooks ``attach_hooks(trainer)`` puts on its models
+    (removed afterwards) and without TRL's printer (it prints every log dict to stdout)."""
+    trainer.remove_callback(PrinterCallback)
+    handles = attach_hooks(trainer)
+    try:
+        trainer.train()
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def summary(records: list[dict[str, Any]], version: str, settings: dict[str, Any],
