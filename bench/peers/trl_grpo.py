@@ -89,16 +89,8 @@ class _UpdateTimer(TrainerCallback):
         self.clock.begin(time.perf_counter())
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.steps:
-            return
-        now = time.perf_counter()
-        self.clock.finish(now)
-        self.clock.begin(now)
-        if self.progress is not None:
-            last = self.clock.records[-1]
-            phases = " ".join(f"{k} {v:.1f}" for k, v in last["phases"].items())
-            self.progress(f"update {state.global_step // self.steps}/{state.max_steps // self.steps}: "
-                          f"{last['seconds']:.1f} s ({phases})")
+        if state.global_step % self.steps == 0:
+            self.clock.cut(state.global_step // self.steps, state.max_steps // self.steps, self.progress)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         """The log after an update's generating step; it comes after `on_step_end`, so it may

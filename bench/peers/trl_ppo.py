@@ -102,6 +102,16 @@ class Clock:
         self.records.append({"seconds": now - self.start, "phases": self.phases(now),
                              "response_tokens": self.response_tokens, "reward_mean": self.reward_mean})
 
+    def cut(self, update: int, updates: int, progress: Callable[[str], object] | None) -> None:
+        """End update ``update`` of ``updates`` now, begin the next; one progress line."""
+        now = time.perf_counter()
+        self.finish(now)
+        self.begin(now)
+        if progress is not None:
+            last = self.records[-1]
+            phases = " ".join(f"{k} {v:.1f}" for k, v in last["phases"].items())
+            progress(f"update {update}/{updates}: {last['seconds']:.1f} s ({phases})")
+
 
 class _UpdateTimer(TrainerCallback):
     """Cuts the clock at every update end (TRL's PPO loop emits no step-begin event)."""
@@ -117,13 +127,7 @@ class _UpdateTimer(TrainerCallback):
             self.clock.reward_mean = float(logs["objective/scores"])
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        self.clock.finish(now)
-        self.clock.begin(now)
-        if self.progress is not None:
-            last = self.clock.records[-1]
-            phases = " ".join(f"{k} {v:.1f}" for k, v in last["phases"].items())
-            self.progress(f"update {state.global_step}/{state.max_steps}: {last['seconds']:.1f} s ({phases})")
+        self.clock.cut(state.global_step, state.max_steps, self.progress)
 
 
 def _attach_hooks(trainer: Any, clock: Clock) -> list[Any]:
