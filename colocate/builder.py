@@ -11,6 +11,7 @@ Leaves out: the step (``colocate.loop``).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Callable, Sequence
@@ -143,6 +144,7 @@ def _engines(cfg: Config, actor_cfg, reward_cfg):
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
     """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the settings of `cfg`
     (``settings``: `TrainerSettings` fields the config does not hold, e.g. ``micro_batch``)."""
+    from colocate.trainer.lora import LoraSettings
     from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
     p, o = cfg.ppo, cfg.overlap
@@ -158,7 +160,8 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
         temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code,
-        host_offload=cfg.engines.host_offload, **settings),
+        host_offload=cfg.engines.host_offload, gradient_checkpointing=p.gradient_checkpointing,
+        lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **settings),
         dist)
 
 

@@ -94,6 +94,22 @@ class PPOConfig:
     advantage: Literal["gae", "grpo", "rloo", "reinforce_baseline"] = "gae"
     norm_adv_by_std: bool = True  # grpo: divide by the group's std (false: Dr. GRPO; verl's norm_adv_by_std_in_grpo)
     kl_in: Literal["reward", "loss"] = "reward"  # KL to the reference: per-token reward penalty | k3 loss term
+    # recompute activations layer by layer in backward (verl's enable_gradient_checkpointing,
+    # OpenRLHF's --gradient_checkpointing): less trainer memory for one more forward per pass
+    gradient_checkpointing: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (PEFT) on the actor and/or the critic; rank 0: full fine-tuning. The
+    engine serves the merged weights; only the adapted linears are pushed at each sync."""
+
+    rank: int = 0  # OpenRLHF/verl lora_rank (e.g. 16 or 32); 0: off
+    alpha: float = 16.0  # lora_alpha: updates scaled by alpha / rank
+    dropout: float = 0.0  # lora_dropout (training passes only)
+    target_modules: str = "all-linear"  # every linear but the LM head, or a comma list: q_proj,v_proj
+    actor: bool = True  # adapters on the actor; its reference is the actor with them disabled
+    critic: bool = True  # adapters on the critic's backbone; its value head trains in full
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +225,7 @@ class Config:
     rollout: RolloutConfig = RolloutConfig()
     reward: RewardConfig = RewardConfig()
     ppo: PPOConfig = PPOConfig()
+    lora: LoraConfig = LoraConfig()
     engines: EnginesConfig = EnginesConfig()
     overlap: OverlapConfig = OverlapConfig()
     run: RunConfig = RunConfig()
@@ -351,6 +368,8 @@ def validate(cfg: Config) -> None:
         (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
          "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
         (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
+        (cfg.lora.rank >= 0 and cfg.lora.alpha > 0 and 0 <= cfg.lora.dropout < 1 and cfg.lora.target_modules.strip(),
+         "lora: need rank >= 0 (0: off), alpha > 0, 0 <= dropout < 1 and target_modules (all-linear or q_proj,v_proj,...)"),
         (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
         (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),

@@ -25,7 +25,7 @@ from colocate.config import Config
 from colocate.engine.timeline import mark
 from colocate.errors import ConfigError
 from colocate.placement import Placement
-from colocate.resume import check_checkpoint, shapes
+from colocate.resume import check_checkpoint
 from colocate.reward_fns import RewardFnErrors
 from colocate.rollout_phase import Prompt, RewardFn
 from colocate.timesharing import TimeSharing
@@ -238,8 +238,7 @@ class Session:
     def restore(self, path: Path) -> None:
         where = checkpoint.latest(path)
         step, parts = checkpoint.load(where)
-        models = {"actor": self.trainer.actor, "critic": self.trainer.critic}  # no critic: critic-free
-        live = {part: shapes(model.state_dict()) for part, model in models.items() if model is not None}
+        live = self.trainer.saved_shapes()  # no critic: critic-free; LoRA: the trainable tensors
         check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])
         self.state = RunState(**parts["run"])

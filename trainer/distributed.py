@@ -25,7 +25,7 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,10 @@ def local_device_index(local_rank: int, visible: int) -> int:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama/Qwen2-style model (`model.model.layers`, or `model.layers`)."""
+    """The decoder layers of a Llama/Qwen2-style model (`model.model.layers`, or `model.layers`;
+    under a PEFT wrapper, those of the model it wraps)."""
+    if hasattr(model, "get_base_model"):  # peft.PeftModel
+        model = model.get_base_model()
     for owner in (getattr(model, "model", None), model):
         layers = getattr(owner, "layers", None)
         if isinstance(layers, nn.ModuleList):
@@ -153,11 +156,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return unaliased(get_model_state_dict(model, options=options), model.parameters())
 
 
-def full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of the model's state, one at a time, on the model's device: lazy
-    and collective (every rank must iterate it to the end, in step); the device holds one
-    full tensor beyond the shards while the consumer keeps none."""
+def full_tensors(model: nn.Module, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the model's state (the names ``keep`` accepts; None: all), one
+    at a time, on the model's device: lazy and collective (every rank must iterate it to the
+    end, in step); the device holds one full tensor beyond the shards while the consumer
+    keeps none."""
     for name, tensor in model.state_dict().items():
+        if keep is not None and not keep(name):
+            continue
         yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
 
 

@@ -57,7 +57,8 @@ def full_training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> d
     not stepped yet: torch would otherwise initialise it with a zero-lr step, which
     advances AdamW's step count and changes the next real update.
     """
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # frozen parameters (a LoRA model's base weights) are rebuilt from the model folder, not saved
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     if not optimizer.state:
         return {"model": unaliased(get_model_state_dict(model, options=options), model.parameters()), "optim": None}
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
@@ -69,12 +70,14 @@ def load_training_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], info: DistInfo
 ) -> None:
     """Load `full_training_state` output; only rank 0's `state` is read (it is broadcast and sharded).
+    A model with frozen parameters loads its trainable ones (the frozen ones stay as built).
 
     Works for any world size. The caller's dicts are not modified (torch's loader swaps
     values in place, so it gets copies of the containers). With "optim" None the
     optimizer is reset to its fresh, never-stepped state.
     """
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    frozen = any(not p.requires_grad for p in model.parameters())  # a LoRA model: its adapters (and head) only
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not frozen)
     model_state = _copy_containers(state.get("model", {}))
     fresh = broadcast_object(state.get("optim") is None, info)
     if fresh:

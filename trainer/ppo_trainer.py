@@ -1,7 +1,8 @@
 """The training half of a PPO step on FSDP2: one method per phase, so the loop can time each.
 
-Owns: the actor (trainable), the reference (frozen copy of the initial actor) and the
-critic (`ValueModel`; none with a critic-free estimator, `settings.critic_free`), all
+Owns: the actor (trainable; LoRA adapters over a frozen base with `lora.rank` > 0), the
+reference (frozen copy of the initial actor, or under LoRA the actor with its adapters
+disabled) and the critic (`ValueModel`; none with a critic-free estimator, `settings.critic_free`), all
 FSDP2-sharded; their AdamW optimizers; the phases
 ref_logprobs / old_logprobs / values (no grad) -> advantages -> train_critic /
 train_actor; the actor's full state dict for weight sync; the world-size independent
@@ -45,6 +46,7 @@ from .batch import TrainBatch
 from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, full_state_everywhere,
                           full_tensors, init_distributed, local_bytes, shard_model)
+from .lora import adapted_weight, add_lora, is_lora, merged_weights
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
@@ -70,14 +72,17 @@ class PPOTrainer:
         if settings.attn_implementation == VARLEN_SDPA:
             register_varlen_sdpa()
 
-        def load_actor() -> nn.Module:
+        def load_actor(trained: bool) -> nn.Module:
             model = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32,
                                                          trust_remote_code=settings.trust_remote_code,
                                                          attn_implementation=settings.attn_implementation)
+            if trained:
+                model = _trainable(model, settings, settings.lora.on_actor)
             return shard_model(model.eval(), self.dist, compute)
 
-        self.actor = load_actor()
-        self.ref = load_actor().requires_grad_(False)
+        self.actor = load_actor(trained=True)
+        # the reference: the actor with its adapters disabled under LoRA (no third copy), else a frozen copy
+        self.ref = None if settings.lora.on_actor else load_actor(trained=False).requires_grad_(False)
         self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
         self.critic: nn.Module | None = None  # critic-free estimators build none
         self.critic_optim: torch.optim.Optimizer | None = None
@@ -85,6 +90,7 @@ class PPOTrainer:
             critic = ValueModel.from_pretrained(settings.critic_source, dtype=torch.float32, seed=settings.seed,
                                                trust_remote_code=settings.trust_remote_code,
                                                attn_implementation=settings.attn_implementation)
+            critic.model = _trainable(critic.model, settings, settings.lora.on_critic)  # the value head trains in full
             self.critic = shard_model(critic.eval(), self.dist, compute)
             self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
@@ -101,7 +107,11 @@ class PPOTrainer:
     # ---------------------------------------------------------------- no-grad phases
 
     def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Reference log-probs of the response tokens -> [B, T] (0 on padding)."""
+        """Reference log-probs of the response tokens -> [B, T] (0 on padding): the frozen
+        copy of the initial actor, or under LoRA the actor with its adapters disabled."""
+        if self.ref is None:
+            with self.actor.disable_adapter():
+                return self._rows_no_grad(lambda mb: self._policy(self.actor, mb, self.settings.temperature)[0], batch)
         return self._rows_no_grad(lambda mb: self._policy(self.ref, mb, self.settings.temperature)[0], batch)
 
     def old_logprobs(self, batch: TrainBatch, current_version: int | None = None) -> torch.Tensor:
@@ -244,18 +254,32 @@ class PPOTrainer:
         self.updates[name] += 1
         u = Update(model, optimizer, self.dist, self._plan, s.epochs, s.minibatches, s.loss_agg, s.max_grad_norm,
                    s.value_coef if model is self.critic else 1.0)
-        return optimise(u, batch, extra, loss_fn, generator, "policy_loss" if name == "actor" else "value_loss")
+        # training mode only where it changes something: transformers checkpoints layers only in
+        # training mode, and LoRA dropout acts only there (the models carry no other dropout by default)
+        training = s.gradient_checkpointing or (s.lora.dropout > 0 and is_lora(model))
+        model.train(training)
+        try:
+            return optimise(u, batch, extra, loss_fn, generator, "policy_loss" if name == "actor" else "value_loss")
+        finally:
+            model.eval()
 
     # ---------------------------------------------------------------- weights and state
 
     def actor_state_for_sync(self, everywhere: bool = False) -> dict[str, torch.Tensor]:
         """Full HF-named actor state dict (float32, CPU) on rank 0 ({} on other ranks), or on
-        every rank (``everywhere``: each rank's engine gets the weights). Collective."""
+        every rank (``everywhere``: each rank's engine gets the weights). Collective.
+        LoRA: only the adapted linears' merged weights (the rest is the base the engine holds)."""
+        if self.settings.lora.on_actor:
+            merged = {name: t.to("cpu", copy=True) for name, t in self.actor_tensors()}
+            return merged if everywhere or self.dist.is_main else {}
         return full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
 
     def actor_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's full HF-named tensors one at a time on the training device (CUDA: the
-        device-to-device weight push). Lazy and collective: every rank iterates it to the end."""
+        device-to-device weight push); LoRA: the adapted linears' merged weights only. Lazy
+        and collective: every rank iterates it to the end."""
+        if self.settings.lora.on_actor:
+            return merged_weights(full_tensors(self.actor, keep=adapted_weight), self.settings.lora.scaling)
         return full_tensors(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
@@ -319,6 +343,19 @@ class PPOTrainer:
                 total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
         return total / 2**20
 
+    def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Name → global shape of the tensors `state_dict` saves, per model ("actor",
+        "critic"): every parameter and buffer, or under LoRA the trainable ones only."""
+        out = {}
+        for part, model in (("actor", self.actor), ("critic", self.critic)):
+            if model is None:
+                continue
+            if any(not p.requires_grad for p in model.parameters()):
+                out[part] = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+            else:
+                out[part] = {n: tuple(t.shape) for n, t in model.state_dict().items() if hasattr(t, "shape")}
+        return out
+
     def _models(self) -> tuple[nn.Module, ...]:
         return tuple(m for m in (self.actor, self.ref, self.critic) if m is not None)
 
@@ -332,3 +369,10 @@ class PPOTrainer:
             move_optimizer_state(optimizer, device)
         torch.cuda.synchronize(self.dist.device)
 
+
+def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:
+    """A model to train, before sharding: gradient checkpointing when asked, then LoRA
+    adapters when asked (the PEFT wrapper; base weights frozen)."""
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return add_lora(model, settings.lora) if lora else model

@@ -18,6 +18,7 @@ import torch
 from . import ppo_math
 from .errors import TrainerConfigError
 from .estimators import ADVANTAGES, CRITIC_FREE
+from .lora import LoraSettings
 from .varlen_attention import VARLEN_SDPA
 
 OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
@@ -69,6 +70,10 @@ class TrainerSettings:
     # KL to the reference: "reward" (a per-token penalty in the reward, kl_estimator) or
     # "loss" (k3 in the actor's loss, weighted by the KL coefficient, the GRPO way)
     kl_in: str = "reward"
+    lora: LoraSettings = LoraSettings()  # rank 0: full fine-tuning (`trainer/lora.py`)
+    # recompute each decoder layer's activations in backward instead of keeping them
+    # (transformers' gradient checkpointing, non-reentrant): less memory, one more forward
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         checks = {

@@ -1,0 +1,120 @@
+"""LoRA adapters on the trainer's models, built on PEFT.
+
+Owns: `LoraSettings` (rank, alpha, dropout, target modules, which models), wrapping a
+model in PEFT's LoRA (`add_lora`: the base weights frozen, only the adapters train), and
+turning the (name, full tensor) stream of a LoRA actor into the Hugging Face-named merged
+weights of its adapted linears (`merged_weights`: W + alpha/r · B·A, what the engine
+serves; every other tensor is the frozen base the engine already holds).
+
+Leaves out: sharding (`trainer/distributed.py`: it finds the decoder layers under the
+PEFT wrapper), the reference pass with the adapters disabled and the checkpoint of the
+trainable tensors (`trainer/ppo_trainer.py`, `trainer/optim.py`), writing an adapter
+folder (`colocate/export.py`).
+
+Names: PEFT wraps a causal LM as ``base_model.model.<HF name>``; an adapted linear
+``<m>`` holds ``<m>.base_layer.weight`` (frozen), ``<m>.lora_A.default.weight`` [r, in]
+and ``<m>.lora_B.default.weight`` [out, r] (B starts at zero: the adapted model starts as
+the base model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+
+PEFT_PREFIX = "base_model.model."  # PEFT's wrapper of a model: its HF names follow
+ADAPTER = "default"  # PEFT's name of the one adapter
+_BASE, _A, _B = ".base_layer.weight", f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """LoRA on the actor and/or the critic (the names PEFT, OpenRLHF and verl use); rank 0: off."""
+
+    rank: int = 0  # r (OpenRLHF/verl lora_rank); 0: full fine-tuning
+    alpha: float = 16.0  # lora_alpha: the update is scaled by alpha / rank
+    dropout: float = 0.0  # lora_dropout on the adapters' input, in the training passes only
+    target_modules: str = "all-linear"  # PEFT's "all-linear" (every linear but the LM head) or "q_proj,v_proj,..."
+    actor: bool = True  # adapters on the actor (its reference is then the actor with them disabled)
+    critic: bool = True  # adapters on the critic's backbone (its value head trains in full)
+
+    def __post_init__(self) -> None:
+        bad = [name for name, ok in (("rank", self.rank >= 0), ("alpha", self.alpha > 0),
+                                     ("dropout", 0 <= self.dropout < 1),
+                                     ("target_modules", bool(self.target_modules.strip()))) if not ok]
+        if bad:
+            from .errors import TrainerConfigError
+
+            raise TrainerConfigError(f"invalid lora setting(s) {bad}: {[getattr(self, k) for k in bad]} "
+                                     "(need rank >= 0, alpha > 0, 0 <= dropout < 1, target_modules non-empty)")
+
+    @property
+    def on_actor(self) -> bool:
+        return self.rank > 0 and self.actor
+
+    @property
+    def on_critic(self) -> bool:
+        return self.rank > 0 and self.critic
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def peft_config(self):  # noqa: ANN201 - peft.LoraConfig
+        from peft import LoraConfig
+
+        targets = self.target_modules.strip()
+        modules: str | list[str] = targets if targets == "all-linear" else [m.strip() for m in targets.split(",")]
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=modules,
+                          bias="none")
+
+
+def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+    """``model`` (a transformers model, unsharded) wrapped in PEFT's LoRA -> the PEFT model.
+
+    Its base weights stop requiring gradients; only the adapters do. A target that
+    matches no module is refused in one line naming ``lora.target_modules``."""
+    from peft import get_peft_model
+
+    from .errors import TrainerConfigError
+
+    try:
+        return get_peft_model(model, settings.peft_config())
+    except ValueError as exc:
+        raise TrainerConfigError(f"lora.target_modules={settings.target_modules!r}: {str(exc).splitlines()[0]} "
+                                 "(use all-linear or the model's linear names, e.g. q_proj,v_proj)") from None
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether ``model`` is (or holds) a PEFT model."""
+    return any(name.endswith(_A) for name, _ in model.named_parameters())
+
+
+def adapted_weight(name: str) -> bool:
+    """Whether a state-dict name of a LoRA actor is one the merge reads (an adapted
+    linear's base weight or adapter); the others are the frozen base the engine holds."""
+    return name.endswith((_BASE, _A, _B))
+
+
+def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """The HF-named merged weight ``W + scaling · B @ A`` of each adapted linear of a LoRA
+    actor, from its (PEFT name, full tensor) pairs (``adapted_weight`` ones suffice);
+    other names are skipped. Lazy: one linear's three tensors are held at a time."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named:
+        suffix = next((s for s in (_BASE, _A, _B) if name.endswith(s)), None)
+        if suffix is None:
+            continue
+        module = name[: -len(suffix)]
+        held = parts.setdefault(module, {})
+        held[suffix] = tensor
+        if len(held) == 3:
+            del parts[module]
+            base, a, b = held[_BASE], held[_A], held[_B]
+            merged = base + (b.to(base.dtype) @ a.to(base.dtype)) * scaling  # [out, in]
+            yield module.removeprefix(PEFT_PREFIX) + ".weight", merged
+    if parts:
+        raise ValueError(f"LoRA tensors without their pair: {sorted(parts)[:3]}")
