@@ -47,9 +47,9 @@ class Summary:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
 
-    def export_actor(self, out: str | Path | None = None) -> Path:
+    def export_actor(self, out: str | Path | None = None, adapter: str | Path | None = None) -> Path:
         """The trained actor of the newest checkpoint as an HF folder (see `export_actor`)."""
-        return export_actor(self.out_dir, out)
+        return export_actor(self.out_dir, out, adapter=adapter)
 
     def describe(self) -> str:
         if not self.history:
@@ -106,12 +106,14 @@ def _signals_stop(stop: StopRequest, loop=None):
             signal.signal(sig, old[sig])
 
 
-def export_actor(run: str | Path, out: str | Path | None = None) -> Path:
+def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | Path | None = None) -> Path:
     """The trained actor of a run's newest checkpoint (or of one ``step_*`` checkpoint) as
-    an HF folder that transformers and SGLang load; default ``<run>/export/actor_step_*``."""
+    an HF folder that transformers and SGLang load (a LoRA run's merged); default
+    ``<run>/export/actor_step_*``. ``adapter``: a LoRA run's adapters also as a PEFT
+    adapter folder there."""
     from colocate.export import export_actor as export
 
-    return export(run, out)
+    return export(run, out, adapter=adapter)
 
 
 def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:

@@ -197,19 +197,26 @@ def prepare(skip_rm):
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder to write (default: RUN/export/actor_step_XXXXXXXX).")
+@click.option("--adapter", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="A LoRA run: also write its adapters as a PEFT adapter folder DIR "
+                   "(peft.PeftModel.from_pretrained(base, DIR) loads it).")
 @_friendly
-def export(run, out):
+def export(run, out, adapter):
     """Write the trained actor of RUN's newest checkpoint (or of one checkpoint folder
-    step_*) as a Hugging Face folder that transformers and SGLang load.
+    step_*) as a Hugging Face folder that transformers and SGLang load; a LoRA run's
+    actor is written merged (base + adapters).
 
     \b
     Examples:
       colocate export runs/default
       colocate export runs/default/checkpoints/step_00000010 --out my-actor
+      colocate export runs/lora --adapter my-adapter
     """
     from colocate import api
 
-    click.echo(api.export_actor(run, out))
+    click.echo(api.export_actor(run, out, adapter=adapter))
+    if adapter is not None:
+        click.echo(adapter)
 
 
 _SAMPLE = SampleOptions()

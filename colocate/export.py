@@ -1,23 +1,35 @@
-"""The trained actor of a checkpoint as a Hugging Face folder.
+"""The trained actor of a checkpoint as a Hugging Face folder (and a LoRA run's adapter).
 
-Owns: finding a run's checkpoint and its base actor model, and writing the checkpoint's
-actor weights over that model as ``config.json`` + ``model.safetensors`` + tokenizer
-files, which ``transformers`` and SGLang load with ``from_pretrained`` / ``model_path``.
-Written into a temporary sibling and renamed into place, like the checkpoints.
+Owns: finding a run's checkpoint, its base actor model and its ``lora`` section, and
+writing the checkpoint's actor over that model as ``config.json`` + ``model.safetensors``
++ tokenizer files, which ``transformers`` and SGLang load with ``from_pretrained`` /
+``model_path``. A LoRA checkpoint (the actor's adapters only) is loaded into the base
+wrapped as in training and merged into it; on request its adapters are also written as
+a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) that
+``peft.PeftModel.from_pretrained(base, folder)`` loads. Each folder is written into a
+temporary sibling and renamed into place, like the checkpoints.
 
-Leaves out: the checkpoint format (``colocate.checkpoint``), sampling from the folder
-(``colocate.sample``).
+Leaves out: the checkpoint format (``colocate.checkpoint``), the LoRA wrapper
+(``colocate.trainer.lora``), sampling from the folder (``colocate.sample``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from colocate import checkpoint
 from colocate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from colocate.trainer.lora import LoraSettings
+
+MODEL_FILES = ("config.json", "model.safetensors")  # a complete HF folder: its config and weights
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a complete PEFT adapter folder
 
 
 def run_dir_of(ckpt: Path) -> Path:
@@ -27,16 +39,29 @@ def run_dir_of(ckpt: Path) -> Path:
     return parent.parent if parent.name == "checkpoints" else parent
 
 
-def base_actor(run_dir: Path) -> str:
-    """``models.actor`` of the run, from the ``config.json`` the run wrote (an alias is
-    prepared on demand, as in training)."""
+def _run_config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "config.json"
     if not path.is_file():
         raise ConfigError(f"export: no config.json in run folder '{run_dir}' (it names the base actor model); "
                           "pass the run folder that `colocate train` wrote")
+    return json.loads(path.read_text())
+
+
+def base_actor(run_dir: Path) -> str:
+    """``models.actor`` of the run, from the ``config.json`` the run wrote (an alias is
+    prepared on demand, as in training)."""
     from colocate.model_aliases import resolve_model
 
-    return resolve_model(json.loads(path.read_text())["models"]["actor"], f"models.actor in {path}")
+    return resolve_model(_run_config(run_dir)["models"]["actor"], f"models.actor in {run_dir / 'config.json'}")
+
+
+def lora_settings(run_dir: Path) -> LoraSettings:
+    """The run's ``lora`` section from its ``config.json`` (off for a run without one)."""
+    from colocate.trainer.lora import LoraSettings
+
+    section = _run_config(run_dir).get("lora") or {}
+    known = {f.name for f in dataclasses.fields(LoraSettings)}
+    return LoraSettings(**{k: v for k, v in section.items() if k in known})
 
 
 def default_out(ckpt: Path) -> Path:
@@ -45,50 +70,115 @@ def default_out(ckpt: Path) -> Path:
 
 
 def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
-                 *, reuse: bool = True) -> Path:
+                 *, adapter: str | os.PathLike[str] | None = None, reuse: bool = True) -> Path:
     """Write the newest (or the given) checkpoint's actor as an HF folder -> its path.
 
     ``run_or_checkpoint``: a run folder or one ``step_*`` checkpoint. ``out``: default
-    `default_out`. With ``reuse`` a complete export there, newer than the checkpoint, is
-    returned as is.
+    `default_out`. A LoRA run's actor is written merged (base + adapters). ``adapter``: a
+    LoRA run's adapters also go there as a PEFT adapter folder. With ``reuse`` complete
+    folders there, newer than the checkpoint, are returned as they are.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     ckpt = checkpoint.latest(Path(run_or_checkpoint), what="export")
     target = Path(out) if out is not None else default_out(ckpt)
-    if reuse and _fresh(target, ckpt):
+    adapter_dir = Path(adapter) if adapter is not None else None
+    run_dir = run_dir_of(ckpt)
+    lora = lora_settings(run_dir)
+    if adapter_dir is not None:
+        _check_adapter_request(adapter_dir, target, lora, run_dir)
+    wanted = [(target, MODEL_FILES)] + ([(adapter_dir, ADAPTER_FILES)] if adapter_dir is not None else [])
+    if reuse and all(_fresh(folder, ckpt, files) for folder, files in wanted):
         return target
-    base = base_actor(run_dir_of(ckpt))
+    base = base_actor(run_dir)
     _, parts = checkpoint.load(ckpt, only=("trainer",), what="export")
     state = parts["trainer"]["actor"]["model"]
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state) - _tied_names(model))
-    unexpected = sorted(set(state) - set(own))
-    resized = sorted(k for k in set(state) & set(own) if state[k].shape != own[k].shape)
-    if missing or unexpected or resized:
-        raise ConfigError(f"export: checkpoint '{ckpt}' does not fit the base actor '{base}' (missing "
-                          f"{missing[:3]}, unexpected {unexpected[:3]}, other shape {resized[:3]}); "
-                          "was models.actor changed after training?")
-    model.load_state_dict(state, strict=False)
-    model.tie_weights()
-    tmp = target.parent / f".tmp_{target.name}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, target)
+    if lora.on_actor:
+        wrapped = _lora_actor(base, state, lora, ckpt)
+        if adapter_dir is not None:
+            _write(adapter_dir, wrapped.save_pretrained)
+        model = wrapped.merge_and_unload()
+    else:
+        model = _full_actor(base, state, ckpt)
+    _write(target, lambda tmp: (model.save_pretrained(tmp), AutoTokenizer.from_pretrained(base).save_pretrained(tmp)))
     return target
 
 
-def _fresh(target: Path, ckpt: Path) -> bool:
-    """A complete export written after the checkpoint (a run restarted into the same folder
-    rewrites its checkpoints; its old exports are then stale)."""
-    weights = target / "model.safetensors"
-    return ((target / "config.json").is_file() and weights.is_file()
+def _check_adapter_request(adapter_dir: Path, target: Path, lora: LoraSettings, run_dir: Path) -> None:
+    if not lora.on_actor:
+        raise ConfigError(f"export: an adapter folder was asked for, but the config.json of run '{run_dir}' trains "
+                          f"its actor in full (lora.rank={lora.rank}, lora.actor={lora.actor}); only a LoRA run "
+                          "(lora.rank > 0, lora.actor true) has adapters")
+    if adapter_dir.resolve().is_relative_to(target.resolve()):
+        raise ConfigError(f"export: the adapter folder '{adapter_dir}' must lie outside the exported model "
+                          f"folder '{target}' (that folder is replaced as a whole)")
+
+
+def _full_actor(base: str, state: dict[str, Any], ckpt: Path):  # noqa: ANN202 - a transformers model
+    """The base actor with every tensor of a full fine-tuning checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from colocate.trainer.lora import PEFT_PREFIX
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    problem = _mismatch(state, model.state_dict(), optional=_tied_names(model))
+    if problem:
+        changed = ("lora.rank or lora.actor" if any(k.startswith(PEFT_PREFIX) for k in state)  # a LoRA checkpoint
+                   else "models.actor")
+        raise ConfigError(f"export: checkpoint '{ckpt}' does not fit the base actor '{base}' ({problem}); "
+                          f"was {changed} changed after training?")
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model
+
+
+def _lora_actor(base: str, state: dict[str, Any], lora: LoraSettings, ckpt: Path):  # noqa: ANN202 - a PeftModel
+    """The base actor wrapped in LoRA as in training, with the checkpoint's adapters (its
+    trainable tensors, PEFT-named) loaded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from colocate.trainer.lora import add_lora
+
+    model = add_lora(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), lora)
+    problem = _mismatch(state, {n: p for n, p in model.named_parameters() if p.requires_grad})
+    if problem:
+        ranks = sorted({t.shape[0] for k, t in state.items() if ".lora_A." in k})
+        raise ConfigError(f"export: checkpoint '{ckpt}' does not fit the LoRA adapters its run's config.json builds "
+                          f"(lora.rank={lora.rank}, lora.target_modules={lora.target_modules!r}; the checkpoint's "
+                          f"rank {ranks}: {problem}); was lora.* or models.actor changed after training?")
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def _mismatch(state: dict[str, Any], own: dict[str, Any], optional: set[str] = frozenset()) -> str:
+    """What keeps ``state`` from loading into tensors ``own`` ('' when it fits); the names in
+    ``optional`` may be left out of ``state``."""
+    missing = sorted(set(own) - set(state) - optional)
+    unexpected = sorted(set(state) - set(own))
+    resized = sorted(k for k in set(state) & set(own) if state[k].shape != own[k].shape)
+    if not (missing or unexpected or resized):
+        return ""
+    return f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {resized[:3]}"
+
+
+def _write(folder: Path, save: Callable[[Path], Any]) -> None:
+    """``save`` into a temporary sibling of ``folder``, then renamed into its place."""
+    tmp = folder.parent / f".tmp_{folder.name}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, folder)
+
+
+def _fresh(folder: Path, ckpt: Path, files: tuple[str, str]) -> bool:
+    """A complete export (its config and weights ``files``) written after the checkpoint (a
+    run restarted into the same folder rewrites its checkpoints; its old exports are then stale)."""
+    config, weights = (folder / f for f in files)
+    return (config.is_file() and weights.is_file()
             and weights.stat().st_mtime_ns >= (ckpt / checkpoint.MANIFEST).stat().st_mtime_ns)
 
 

@@ -131,6 +131,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "trained_samples_per_s": len(scores) / step_s,
         "mem/rss_mb": mlog.rss_mb(),
         "mem/train_state_mb": s.trainer.state_mb(),  # parameters, gradients, optimizer moments (this rank)
+        "sync/pushed_mb": s.sync_mb(),  # weights pushed into the engine per sync (LoRA: the adapted linears)
         "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
         **{f"time/{k}": v for k, v in timer.seconds.items()},
         **data.stats,  # rollout/* in every mode, overlap/* in the overlapped ones

@@ -180,6 +180,13 @@ class Session:
             return self.trainer.actor_tensors()
         return self.trainer.actor_state_for_sync(everywhere=self.placement.engine_ranks > 1)
 
+    def sync_mb(self) -> float:
+        """MiB each weight sync pushes into an engine, in the engines' dtype (0 on a rank
+        without engines)."""
+        if self.actor is None:
+            return 0.0
+        return self.trainer.sync_numel() * torch.finfo(getattr(torch, self.actor.cfg.dtype)).bits / 8 / 2**20
+
     def push_weights(self, full: weight_sync.Weights) -> float:
         """Load ``full`` (``gather_weights``) into this rank's engine as the next weight
         version; returns the engine's seconds (0 on a rank without engines, which still

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from .distributed import DistInfo, broadcast_object, unaliased
+from .errors import TrainerError
 
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -79,6 +80,13 @@ def load_training_state(
     frozen = any(not p.requires_grad for p in model.parameters())  # a LoRA model: its adapters (and head) only
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not frozen)
     model_state = _copy_containers(state.get("model", {}))
+    if frozen:  # not strict: what it loads must still be every trainable tensor, and nothing else
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        saved = set(model_state) if info.is_main else trainable
+        odd = broadcast_object(sorted(trainable ^ saved)[:3], info)
+        if odd:
+            raise TrainerError(f"the checkpoint's tensors are not this model's trainable ones (e.g. {odd}): "
+                               "was it saved with other lora.* settings?")
     fresh = broadcast_object(state.get("optim") is None, info)
     if fresh:
         set_model_state_dict(model, model_state, options=options)

@@ -343,6 +343,14 @@ class PPOTrainer:
                 total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
         return total / 2**20
 
+    def sync_numel(self) -> int:
+        """Elements each weight sync pushes (`actor_tensors`): the whole actor state, or under
+        LoRA the adapted linears' weights only. Bookkeeping from global shapes, no collective."""
+        state = self.actor.state_dict()
+        if self.settings.lora.on_actor:
+            return sum(t.numel() for name, t in state.items() if name.endswith(".base_layer.weight"))
+        return sum(t.numel() for t in state.values())
+
     def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Name → global shape of the tensors `state_dict` saves, per model ("actor",
         "critic"): every parameter and buffer, or under LoRA the trainable ones only."""

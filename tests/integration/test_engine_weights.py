@@ -146,3 +146,50 @@ def test_the_payloads_of_an_exchange_reach_sglang_in_tp_rank_order(actor_engine,
             assert out.output_ids == want
     finally:  # restore the session engine's weights for other tests
         actor_engine.update_weights(buckets(base, 10**9), version=version + 3)
+
+
+def test_a_lora_sync_pushes_only_the_adapted_linears_and_serves_the_merged_model(actor_engine, tiny_actor_path):
+    """LoRA (lora.rank > 0): the trainer pushes the merged weights of the adapted linears
+    only (q_proj, v_proj here), the engine keeps the rest of the base it started from, and
+    its greedy tokens then equal HF greedy on the model PEFT merges from the same adapters."""
+    import torch.distributed as dist
+    from peft import get_peft_model
+
+    from colocate import weight_sync
+    from colocate.trainer.distributed import init_distributed
+    from colocate.trainer.lora import LoraSettings
+    from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+
+    created = not dist.is_initialized()
+    lora = LoraSettings(rank=4, alpha=8.0, target_modules="q_proj,v_proj", critic=False)
+    trainer = PPOTrainer(TrainerSettings(actor_path=tiny_actor_path, advantage="grpo", lora=lora),
+                         init_distributed("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # adapters as training would leave them: B no longer zero
+        for name, p in trainer.actor.named_parameters():
+            if "lora_B" in name:
+                p.to_local().copy_(torch.randn(p.shape, generator=gen) * 0.3)  # one rank: the whole tensor
+    pushed = trainer.actor_state_for_sync()
+    adapter = trainer.state_dict()["actor"]["model"]
+    if created:
+        dist.destroy_process_group()
+    assert pushed and {n.split(".")[-2] for n in pushed} == {"q_proj", "v_proj"}
+
+    merged = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32),
+                            lora.peft_config())
+    missing, unexpected = merged.load_state_dict(adapter, strict=False)
+    assert not unexpected and not [k for k in missing if "lora_" in k]
+    merged = merged.merge_and_unload()
+    want_tokens, want_logps = hf_greedy(merged, PROMPT, 12)
+    base = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
+    assert want_tokens != hf_greedy(base, PROMPT, 12)[0]  # the adapters change the greedy output
+
+    old_version = actor_engine.weight_version
+    weight_sync.sync(actor_engine, pushed, old_version + 1, bucket_mb=1)
+    try:
+        after = Sample(0, PROMPT, 12)
+        actor_engine.loop.run_until_complete(rollout.generate(actor_engine, [after], GREEDY, "wlora"))
+        assert after.output_ids == want_tokens
+        assert max(abs(a - b) for a, b in zip(after.logprobs, want_logps)) < 1e-4
+    finally:  # restore the session engine's weights for other tests
+        actor_engine.update_weights(buckets(base, 10**9), version=old_version + 2)
