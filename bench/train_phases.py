@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import math
+import resource
 import statistics
 import tempfile
 import time
@@ -75,9 +76,9 @@ def response_lengths(rows: int, response_tokens: int, kind: str, g: torch.Genera
 
 
 def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int,
-                    lengths: str = "even"):
+                    lengths: str = "even", group_size: int = 1):
     """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of
-    `response_lengths(kind=lengths)`."""
+    `response_lengths(kind=lengths)`, in groups of `group_size` consecutive rows."""
     from colocate.trainer.batch import make_batch
 
     g = torch.Generator().manual_seed(seed)
@@ -85,7 +86,8 @@ def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: 
     prompts = [torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
     scores = torch.randn(rows, generator=g).tolist()
-    return make_batch(prompts, responses, 0, scores, [[-1.0] * n for n in lengths], [[0] * n for n in lengths])
+    return make_batch(prompts, responses, 0, scores, [[-1.0] * n for n in lengths], [[0] * n for n in lengths],
+                      [i // group_size for i in range(rows)])
 
 
 class _Clock:
@@ -118,17 +120,19 @@ def _memory(device: torch.device) -> dict[str, float]:
 
 
 def one_step(trainer, batch, kl_coef: float, device: torch.device) -> dict[str, Any]:
-    """The trainer phases of one loop step, timed; on CUDA with the memory around offload."""
+    """The trainer phases of one loop step, timed; on CUDA with the memory around offload.
+    A critic-free estimator (``ppo.advantage``): no values and no critic phase (0 s)."""
     clock = _Clock(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    critic_free = trainer.critic is None
     clock("onload", trainer.onload)
     ref = clock("ref", lambda: trainer.ref_logprobs(batch))
     old = clock("old_logp", lambda: trainer.old_logprobs(batch, current_version=0))
-    values = clock("values", lambda: trainer.values(batch))
+    values = clock("values", lambda: None if critic_free else trainer.values(batch))
     adv, returns, _, _ = clock("advantages", lambda: trainer.advantages(batch, old, ref, values, kl_coef))
-    critic = clock("critic", lambda: trainer.train_critic(batch, values, returns))
-    actor = clock("actor", lambda: trainer.train_actor(batch, old, adv, 0))
+    critic = clock("critic", lambda: {} if critic_free else trainer.train_critic(batch, values, returns))
+    actor = clock("actor", lambda: trainer.train_actor(batch, old, adv, 0, ref_logp=ref, kl_coef=kl_coef))
     full = clock("sync_gather", trainer.actor_state_for_sync)
     before = _memory(device)
     peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
@@ -178,7 +182,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
     steps = []
     for i in range(opts.warmup + opts.steps):
         batch = synthetic_batch(opts.batch, opts.prompt_tokens, opts.response_tokens, vocab, opts.seed + i,
-                                opts.lengths)
+                                opts.lengths, cfg.rollout.group_size)
         if plain is not None:
             rec = compare_step(trainer, plain, batch, cfg.ppo.kl_coef, dist.device)
         else:
@@ -200,6 +204,11 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         "ppo": {"epochs": cfg.ppo.epochs, "minibatches": cfg.ppo.minibatches},
         "host_offload": cfg.engines.host_offload, "pinned_host_gib": trainer.stash.pinned_bytes / GIB,
         "phases": phases, "steps": steps, "comparison": comparison(timed) if plain is not None else None,
+        # training state (parameters, gradients, optimizer moments) this rank holds, the
+        # elements one weight sync pushes (LoRA: the adapted linears), the process's peak RSS
+        "train_state_mb": trainer.state_mb(), "sync_mparams": trainer.sync_numel() / 1e6,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "lora": dataclasses.asdict(cfg.lora), "gradient_checkpointing": cfg.ppo.gradient_checkpointing,
     }
 
 
@@ -221,6 +230,11 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for phase, s in result["phases"].items():
         lines.append(f"| {phase} | {s['median']:.3f} | {s['min']:.3f}–{s['max']:.3f} |")
+    lora = result["lora"]
+    lines += ["", f"LoRA {'rank ' + str(lora['rank']) + ' on ' + lora['target_modules'] if lora['rank'] else 'off'}, "
+              f"gradient checkpointing {'on' if result['gradient_checkpointing'] else 'off'}: training state "
+              f"{result['train_state_mb']:.0f} MiB, {result['sync_mparams']:.1f} M parameters pushed per sync, "
+              f"peak resident memory {result['peak_rss_gib']:.2f} GiB (the process, build included)"]
     last = result["steps"][-1]
     before, after = last["memory_before_offload"], last["memory_after_offload"]
     if before:

@@ -42,6 +42,7 @@ class Summary:
     wall_s: float
     stopped_by: str = ""  # a signal name when SIGINT/SIGTERM ended the run early
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # held-out evaluations
+    is_main: bool = True  # rank 0 of the run (the one that speaks for it)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -161,7 +162,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         session.close()
     all_steps = read(session.out_dir / "metrics.jsonl") if session.is_main else history
     return Summary(session.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
-                   stop.reason, read(session.out_dir / "eval.jsonl") if session.is_main else [])
+                   stop.reason, read(session.out_dir / "eval.jsonl") if session.is_main else [], session.is_main)
 
 
 def _write_run_files(session) -> None:

@@ -92,7 +92,8 @@ def train(config, overrides, resume, print_config, nproc):
         launch.run_torchrun(nproc, args)
         return
     summary = api.train(cfg, resume=resume)
-    click.echo(summary.describe())
+    if summary.is_main:  # under --nproc every rank returns; rank 0 speaks for the run
+        click.echo(summary.describe())
 
 
 def _bench_default(module: str, cls: str, field: str):
@@ -121,8 +122,8 @@ def _bench_default(module: str, cls: str, field: str):
 @click.option("--quiet-wait", type=float, default=_bench_default("contention", "GuardOptions", "quiet_wait_s"),
               show_default="10", help="Seconds to wait at most for a quiet machine before each step (0: never).")
 @click.option("--convergence", is_flag=True,
-              help="Time to reward instead of throughput: sequential vs oppo on the default task, held-out "
-              "reward vs training seconds.")
+              help="Time to reward instead of throughput: sequential vs oppo (or --modes) on the default task, "
+              "held-out reward vs training seconds.")
 @click.option("--convergence-steps", type=int,
               default=_bench_default("convergence", "ConvergenceOptions", "steps"), show_default="30",
               help="--convergence: PPO steps per mode.")
@@ -167,10 +168,13 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
     if any(not extra or not all("=" in x for x in extra) for _, extra in parsed):
         raise ColocateError('--variant: expected "NAME KEY=VALUE ...", e.g. "grpo ppo.advantage=grpo rollout.group_size=4"')
     names = [name for name, _ in parsed]
-    clash = [n for i, n in enumerate(names) if n in ("sequential", "oppo") or n in names[:i]]
+    clash = [n for i, n in enumerate(names) if n in MODES or n == "auto" or n in names[:i]]
     if clash:
         raise ColocateError(f"--variant {clash[0]!r}: already the name of a mode or another variant; pick another")
-    conv = (ConvergenceOptions(steps=convergence_steps, eval_every=eval_every, variants=parsed)
+    # --convergence runs sequential and oppo unless --modes names its own (e.g. sequential alone beside variants)
+    given = click.get_current_context().get_parameter_source("modes") != click.core.ParameterSource.DEFAULT
+    conv = (ConvergenceOptions(steps=convergence_steps, eval_every=eval_every, variants=parsed,
+                               **({"modes": mode_list} if given else {}))
             if convergence else None)
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
                         peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta, overrides=tuple(overrides),

@@ -39,6 +39,7 @@ def test_two_ranks_train_and_checkpoint(tiny_pair, run_overrides, tmp_path):
     assert (out / "checkpoints" / "step_00000002").is_dir()
     assert json.loads((out / "config.json").read_text())["run"]["steps"] == 2
     assert done.stdout.count("engines up") == 1  # rank 0 speaks for the run
+    assert done.stdout.count(" s/step); reward") == 1, done.stdout[-2000:]  # the summary line too
 
 
 def test_two_nodes_on_loopback_train_checkpoint_and_resume_on_one_rank(tiny_pair, run_overrides, tmp_path):

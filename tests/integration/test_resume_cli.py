@@ -1,5 +1,6 @@
-"""`colocate train --resume DIR` continues that run: a run with non-default settings killed
-with SIGKILL resumes from its last checkpoint with its own config.json; another actor is
+"""`colocate train --resume DIR` continues that run: a run with non-default settings (oppo,
+LoRA with activation checkpointing, rollout log-probs) killed with SIGKILL resumes from its
+last checkpoint with its own config.json and exports merged and as a PEFT adapter; another actor is
 refused in one line; a checkpoint of another model is refused in one line, not torch's traceback."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from colocate.trainer.distributed import init_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ("overlap.mode=oppo", "run.save_every=2", "rollout.temperature=0", "run.steps=4", "run.eval_every=0",
-            "rollout.max_new_tokens=16", "overlap.chunk_size=8", "ppo.epochs=1")
+            "rollout.max_new_tokens=16", "overlap.chunk_size=8", "ppo.epochs=1",
+            "lora.rank=4", "ppo.actor_lr=1e-3", "ppo.gradient_checkpointing=true", "ppo.old_logp=rollout")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,16 @@ def test_killed_run_resumes_with_its_own_settings(models, run_overrides, tmp_pat
     final, parts = checkpoint.load(checkpoint.latest(out))
     assert final == 4 and parts["rollout"]["ranks"][0]["overlap"] is not None  # still the oppo run: its deferred buffer is checkpointed
     assert checkpoint.manifest(checkpoint.latest(out))["meta"]["models"]["actor"] == models[0]
+    actor_state = parts["trainer"]["actor"]["model"]
+    assert actor_state and all(".lora_" in name for name in actor_state)  # adapters only, not the frozen base
+    pushed = [json.loads(line)["sync/pushed_mb"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < pushed[0] == pushed[-1]
+
+    exported = subprocess.run([sys.executable, "-m", "colocate.cli", "export", str(out), "--adapter",
+                               str(tmp_path / "adapter")], cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    merged_dir = Path(exported.stdout.splitlines()[0])
+    assert (merged_dir / "model.safetensors").is_file() and (tmp_path / "adapter" / "adapter_config.json").is_file()
 
     other = subprocess.run(_cli("--resume", str(out), "--set", "run.steps=8", "--set", f"models.actor={models[1]}"),
                            cwd=str(ROOT), capture_output=True, text=True, timeout=120)

@@ -55,6 +55,7 @@ def test_bench_rejects_unknown_mode():
     (["--variant", "grpo ppo.advantage=grpo"], "add --convergence"),
     (["--convergence", "--variant", "grpo"], "NAME KEY=VALUE"),
     (["--convergence", "--variant", "oppo ppo.advantage=grpo"], "already the name"),
+    (["--convergence", "--modes", "sequential", "--variant", "inter ppo.epochs=1"], "already the name"),
     (["--convergence", "--variant", "a ppo.epochs=1", "--variant", "a ppo.epochs=2"], "already the name"),
 ])
 def test_bench_variant_errors_are_one_line(args, needle):
