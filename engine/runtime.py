@@ -77,6 +77,11 @@ class EngineConfig:
     # at the pause finishes under the old weights, but SGLang 0.5.23 counts its token as the
     # new version's (measured: one token per paused request, its log-prob the old weights')
     overlap_schedule: bool = True
+    # SGLang's own LoRA serving (engine.lora_serving): adapters loaded by name next to the
+    # base weights, applied per request. 0: off; > 0: the largest adapter rank it accepts
+    lora_rank: int = 0
+    lora_target_modules: str = ""  # comma-separated, e.g. "q_proj,v_proj" ("": SGLang's "all"); JSON-safe
+    lora_backend: str | None = None  # None: torch_native on CPU, SGLang's pick (csgmv) on GPU
 
     @property
     def label(self) -> str:
@@ -106,6 +111,12 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         kw["chunked_prefill_size"] = cfg.chunked_prefill_size
     if cfg.role == "reward":
         kw["is_embedding"] = True
+    if cfg.lora_rank > 0:
+        kw.update(enable_lora=True, max_lora_rank=cfg.lora_rank,
+                  lora_target_modules=[m.strip() for m in cfg.lora_target_modules.split(",") if m.strip()] or ["all"])
+        backend = cfg.lora_backend or ("torch_native" if device == "cpu" else None)
+        if backend:
+            kw["lora_backend"] = backend
     if device == "cpu":
         kw["attention_backend"] = cfg.attention_backend or "torch_native"
         # CPU: SGLang budgets the KV pool as (RAM free after loading) - (1 - f) x (RAM free
@@ -200,11 +211,12 @@ class SglangEngine:
 
     # ---- requests (async, on self.loop) ---------------------------------------------
     async def generate_stream(
-        self, rid: str, input_ids: list[int], sampling: dict[str, Any]
+        self, rid: str, input_ids: list[int], sampling: dict[str, Any], lora: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream cumulative ``output_ids`` and sampling logprobs of one request. A paused
         engine is continued first (its paused requests go on beside this one): a new
-        request never waits on a pause nobody would end."""
+        request never waits on a pause nobody would end. ``lora``: the name of a loaded
+        adapter to serve it with (an engine with ``lora_rank`` > 0; ``engine.lora_serving``)."""
         if self.paused is not None:
             await self.continue_generation()
         # the radix cache is namespaced by weight version: a request never reuses KV that
@@ -212,7 +224,7 @@ class SglangEngine:
         # cache from being flushed (their own KV stays theirs: PipelineRL's in-flight update)
         obj = self._api.GenerateReqInput(
             input_ids=input_ids, sampling_params=sampling, return_logprob=True,
-            stream=True, rid=rid, extra_key=f"w{self.weight_version}",
+            stream=True, rid=rid, extra_key=f"w{self.weight_version}", lora_path=lora,
         )
         self.requests += 1
         async for chunk in self._engine.tokenizer_manager.generate_request(obj, None):

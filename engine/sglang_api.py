@@ -130,9 +130,11 @@ def load() -> SimpleNamespace:
         EmbeddingReqInput,
         EndWeightUpdateReqInput,
         GenerateReqInput,
+        LoadLoRAAdapterFromTensorsReqInput,
         PauseGenerationReqInput,
         ReleaseMemoryOccupationReqInput,
         ResumeMemoryOccupationReqInput,
+        UnloadLoRAAdapterReqInput,
         UpdateWeightsFromTensorReqInput,
     )
     from sglang.srt.utils import MultiprocessingSerializer
@@ -147,6 +149,8 @@ def load() -> SimpleNamespace:
         EndWeightUpdateReqInput=EndWeightUpdateReqInput,
         EmbeddingReqInput=EmbeddingReqInput,
         GenerateReqInput=GenerateReqInput,
+        LoadLoRAAdapterFromTensorsReqInput=LoadLoRAAdapterFromTensorsReqInput,
+        UnloadLoRAAdapterReqInput=UnloadLoRAAdapterReqInput,
         ReleaseMemoryOccupationReqInput=ReleaseMemoryOccupationReqInput,
         ResumeMemoryOccupationReqInput=ResumeMemoryOccupationReqInput,
         UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
