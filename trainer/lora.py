@@ -27,7 +27,8 @@ from torch import nn
 
 PEFT_PREFIX = "base_model.model."  # PEFT's wrapper of a model: its HF names follow
 ADAPTER = "default"  # PEFT's name of the one adapter
-_BASE, _A, _B = ".base_layer.weight", f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
+BASE_WEIGHT = ".base_layer.weight"  # an adapted linear's frozen weight: the merged weight's shape
+_BASE, _A, _B = BASE_WEIGHT, f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ from .batch import TrainBatch
 from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, full_state_everywhere,
                           full_tensors, init_distributed, local_bytes, shard_model)
-from .lora import adapted_weight, add_lora, is_lora, merged_weights
+from .lora import BASE_WEIGHT, adapted_weight, add_lora, is_lora, merged_weights
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
@@ -348,7 +348,7 @@ class PPOTrainer:
         LoRA the adapted linears' weights only. Bookkeeping from global shapes, no collective."""
         state = self.actor.state_dict()
         if self.settings.lora.on_actor:
-            return sum(t.numel() for name, t in state.items() if name.endswith(".base_layer.weight"))
+            return sum(t.numel() for name, t in state.items() if name.endswith(BASE_WEIGHT))
         return sum(t.numel() for t in state.values())
 
     def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:

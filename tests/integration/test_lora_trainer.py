@@ -23,7 +23,7 @@ from colocate.trainer.distributed import broadcast_object, decoder_layers, free_
 from colocate.trainer.lora import LoraSettings, is_lora
 from colocate.trainer.ppo_trainer import PPOTrainer
 
-from .test_trainer import assert_same_tensors, ppo_step, rollout_batch, settings_for
+from .test_trainer import assert_same_tensors, ppo_step, rollout_batch, settings_for, world1  # noqa: F401 (fixture)
 
 RANK, ALPHA = 4, 8.0
 LORA = LoraSettings(rank=RANK, alpha=ALPHA)  # all-linear, actor and critic
@@ -79,15 +79,6 @@ def stepped_run(settings, info) -> Run:
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models are overhead-bound (see test_trainer.py)
-
-
-@pytest.fixture(scope="module")
-def world1():
-    created = not dist.is_initialized()
-    info = init_distributed("cpu")
-    yield info
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
