@@ -368,8 +368,6 @@ def validate(cfg: Config) -> None:
         (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
          "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
         (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
-        (cfg.lora.rank >= 0 and cfg.lora.alpha > 0 and 0 <= cfg.lora.dropout < 1 and cfg.lora.target_modules.strip(),
-         "lora: need rank >= 0 (0: off), alpha > 0, 0 <= dropout < 1 and target_modules (all-linear or q_proj,v_proj,...)"),
         (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
         (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
@@ -383,6 +381,9 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
+
+    LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
     if cfg.run.fault_at:
         from colocate.faults import parse
 

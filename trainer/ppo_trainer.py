@@ -93,6 +93,7 @@ class PPOTrainer:
             critic.model = _trainable(critic.model, settings, settings.lora.on_critic)  # the value head trains in full
             self.critic = shard_model(critic.eval(), self.dist, compute)
             self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
+        self._sync_numel: int | None = None  # `sync_numel`, counted at its first call
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
         self.stash = HostStash()  # pinned host buffers of the CUDA offload, reused every step
 
@@ -345,11 +346,13 @@ class PPOTrainer:
 
     def sync_numel(self) -> int:
         """Elements each weight sync pushes (`actor_tensors`): the whole actor state, or under
-        LoRA the adapted linears' weights only. Bookkeeping from global shapes, no collective."""
-        state = self.actor.state_dict()
-        if self.settings.lora.on_actor:
-            return sum(t.numel() for name, t in state.items() if name.endswith(BASE_WEIGHT))
-        return sum(t.numel() for t in state.values())
+        LoRA the adapted linears' weights only. Bookkeeping from global shapes, no collective;
+        counted once (the loop asks every step)."""
+        if self._sync_numel is None:
+            state = self.actor.state_dict()
+            lora = self.settings.lora.on_actor
+            self._sync_numel = sum(t.numel() for name, t in state.items() if not lora or name.endswith(BASE_WEIGHT))
+        return self._sync_numel
 
     def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Name → global shape of the tensors `state_dict` saves, per model ("actor",
