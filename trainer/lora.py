@@ -49,7 +49,7 @@ class LoraSettings:
         if bad:
             from .errors import TrainerConfigError
 
-            raise TrainerConfigError(f"invalid lora.* setting(s) {bad}: {[getattr(self, k) for k in bad]} "
+            raise TrainerConfigError(f"invalid lora setting(s) {bad}: {[getattr(self, k) for k in bad]} "
                                      "(need rank >= 0, alpha > 0, 0 <= dropout < 1, target_modules non-empty)")
 
     @property
