@@ -34,13 +34,13 @@ def _mode_cfg(cfg: Config, mode: str) -> Config:
 
 
 def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, Any]) -> None:
-    """Back to step 0 with the initial weights, under ``cfg``'s mode."""
-    from colocate.overlap_phase import Overlap
+    """Back to step 0 with the initial weights, under ``cfg``'s mode (its rollout phase
+    built fresh, as ``colocate train`` builds it)."""
+    from colocate import builder
     from colocate.session import RunState
 
-    if session.overlap is not None:
-        session.overlap.close()
-        session.overlap = None
+    session.rollouts.close()
+    session.rollouts = None
     session.cfg = cfg
     session.trainer.load_state_dict(initial)
     session.kl_ctl.load_state_dict(kl_state)
@@ -48,10 +48,9 @@ def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, An
     session.sync_weights()
     if session.reward_engine is not None:
         session.reward_engine.flush_cache()
-    if cfg.overlap.mode != "sequential":
-        session.overlap = Overlap(cfg, session.actor, session.reward_engine, None, session.log,
-                                  reward_fns=session.reward_fns, timeline=session.timeline,
-                                  decode=lambda ids: session.tokenizer.decode(ids, skip_special_tokens=True))
+    session.rollouts = builder.make_rollouts(cfg, session.actor, session.reward_engine, None, session.reward_fns,
+                                             session.tokenizer, cfg.rollout.batch_size, session.timeline,
+                                             session.log)
 
 
 class _Sessions:

@@ -16,7 +16,7 @@ often it is explored again (every 2nd, 4th, ... round, at most every 16th). A st
 switches deferral off while deferred samples remain finishes them (a draining step) and
 is not measured.
 
-Leaves out: running a step in a mode (``colocate.overlap_phase``), engine threads (they
+Leaves out: running a step in a mode (``colocate.rollouts``), engine threads (they
 are fixed at start: auto's engines get every core each, like sequential's).
 """
 
@@ -26,9 +26,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-STREAMED = frozenset({"intra", "oppo"})  # chunks of the response scored while it is generated
-DEFERRED = frozenset({"inter", "oppo"})  # B + Δ launched, the first B trained, stragglers deferred
-MODES = ("sequential", "intra", "inter", "oppo")
+from colocate.modes import MODES
 
 
 @dataclasses.dataclass(frozen=True)

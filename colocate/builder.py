@@ -27,6 +27,7 @@ from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.model_aliases import resolve_model
 from colocate.placement import Placement, placement_of
 from colocate.preflight import check_contexts
+from colocate.rollouts import Rollouts
 from colocate.session import RunState, Session, tokenize_prompts
 from colocate import timesharing
 
@@ -165,6 +166,16 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
         dist)
 
 
+def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[RewardFn], tokenizer,
+                  batch_size: int, timeline: Timeline | None, log: Callable[[str], None]) -> Rollouts:
+    """The rollout phase of an engine rank (every mode): ``batch_size`` its share of the
+    batch; with ``overlap.feeder=process`` the feeder's process starts its own reward
+    engine from ``reward_cfg``. ``colocate train`` and the bench build it here."""
+    return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
+                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=batch_size,
+                    timeline=timeline)
+
+
 def _data(cfg: Config, tokenizer):
     """(training prompts, held-out evaluation prompts), tokenized."""
     from colocate.evaluation import split_held_out
@@ -235,7 +246,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts, eval_prompts = _data(cfg, tokenizer)
-    actor = reward = overlap = None
+    actor = reward = rollouts = None
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
     if placement.hosts_engines:
@@ -259,26 +270,22 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         out_dir = Path(cfg.run.out_dir)
         # rank 0's engines: the one timeline a run writes (run.timeline)
         timeline = Timeline() if cfg.run.timeline and placement.hosts_engines and dist.rank == 0 else None
-        overlap = None
-        if placement.hosts_engines and cfg.overlap.mode != "sequential":
-            from colocate.overlap_phase import Overlap
-
-            overlap = Overlap(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=fns,
-                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=share,
-                              timeline=timeline)
+        rollouts = make_rollouts(cfg, actor, reward, reward_cfg, fns, tokenizer, share, timeline, log) \
+            if placement.hosts_engines else None
         sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
-                                          quiesce=overlap.drain if overlap is not None else None,
+                                          # the session's rollout phase of the moment (the bench builds a fresh one per mode)
+                                          quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None,
                                           barrier=barrier)
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
-                          RunState(), sharing, out_dir, log, overlap,
+                          RunState(), sharing, out_dir, log, rollouts,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
                           timeline=timeline, tp_exchange=tp)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)
     except BaseException:
-        if overlap is not None:
-            overlap.close()
+        if rollouts is not None:
+            rollouts.close()
         for eng in (reward, actor):
             if eng is not None:
                 eng.shutdown()

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from colocate.auto_mode import DEFERRED, MODES, STREAMED
+from colocate.modes import DEFERRED, MODES, STREAMED
 from colocate.errors import ConfigError
 
 

@@ -17,6 +17,8 @@ import statistics
 import time
 from typing import Any, Sequence, TypeVar
 
+from colocate.rollout_phase import prompt_samples, sampling_params
+
 T = TypeVar("T")
 
 
@@ -39,22 +41,12 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
     """Greedy responses of the current actor engine weights to the held-out prompts, scored
     like training (reward model and/or functions, ``reward.scale``) -> the eval record.
     Non-finite scores are counted (``non_finite``) and left out of the mean."""
-    from colocate.rollout_phase import prompt_samples, run_sequential, sampling_params
-
     s = session
     r = s.cfg.rollout
     started = time.perf_counter()
     samples = prompt_samples(s.eval_prompts, r.max_new_tokens)
-    run_sequential(
-        s.actor, samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos),
-        s.state.step, reward_engine=s.reward_engine, reward_fns=s.reward_fns,
-        decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True), tag_prefix="ev",
-        score_timeout_s=s.cfg.overlap.feeder_timeout_s)
-    raw = [x.score for x in samples]
-    if s.overlap is not None and s.overlap.hosts_reward_model:  # overlap.feeder=process
-        pairs = [(x.prompt_ids, x.output_ids) for x in samples]
-        raw = [a + b for a, b in zip(raw, s.overlap.score_whole(pairs, s.state.step))]
-    scores = [v * s.cfg.reward.scale for v in raw]
+    s.rollouts.evaluate(samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos), s.state.step)
+    scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.scoring)
     finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
     return {
         "step": s.state.step,

@@ -21,27 +21,19 @@ from colocate import rank_failure, rank_rollouts
 from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
-from colocate.rollout_phase import StepRollout, rollout_stats, run_sequential, sampling_params
+from colocate.rollout_phase import StepRollout, sampling_params
 from colocate.session import Session
 
 StepCallback = Callable[[dict[str, Any]], None]
 
 
 def rollout(s: Session) -> StepRollout | None:
-    """Generate and score this rank's share of the batch on its engines (``None`` on a rank
-    without engines)."""
-    if s.actor is None:
+    """Generate and score this rank's share of the batch on its engines, in the step's mode
+    (``colocate.rollouts``; ``None`` on a rank without engines)."""
+    if s.rollouts is None:
         return None
     served = s.engine_requests()
-    if s.overlap is not None:
-        part = s.overlap.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
-    else:
-        samples = [s.new_sample(i) for i in range(s.placement.share(s.cfg.rollout.batch_size, s.cfg.rollout.group_size))]
-        seconds = run_sequential(
-            s.actor, samples, _sampling(s), s.state.step, timeline=s.timeline,
-            reward_engine=s.reward_engine, reward_fns=s.reward_fns, score_timeout_s=s.cfg.overlap.feeder_timeout_s,
-            decode=lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
-        part = StepRollout(samples, seconds, rollout_stats(samples))
+    part = s.rollouts.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
     s.fault("score", s.state.step + 1)
     return part.with_stats(s.requests_since(served))
 
@@ -60,7 +52,7 @@ def step(s: Session) -> dict[str, Any]:
     data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
     timer.seconds.update(data.seconds)
     samples = data.samples
-    scores = [x.score * s.cfg.reward.scale for x in samples]
+    scores = [x.score for x in samples]  # rewards (colocate.scoring: reward.scale applied)
     check_weight_versions([x.versions for x in samples], s.state.weight_version,
                           carries_partials=s.cfg.overlap.deferral)
     s.set_phase("train")
@@ -94,8 +86,8 @@ def step(s: Session) -> dict[str, Any]:
     mask = batch.response_mask.float()
     mean_kl = float((kl * mask).sum(-1).mean())
     s.kl_ctl.update(mean_kl, len(scores))
-    if s.overlap is not None:
-        s.overlap.observe_reward(statistics.fmean(scores))
+    if s.rollouts is not None:
+        s.rollouts.observe_reward(statistics.fmean(scores))
     s.state.step += 1
     s.set_phase("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
     timer.seconds["sync"] = s.timesharing.wake_and_sync(
@@ -134,7 +126,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "sync/pushed_mb": s.sync_mb(),  # weights pushed into the engine per sync (LoRA: the adapted linears)
         "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
         **{f"time/{k}": v for k, v in timer.seconds.items()},
-        **data.stats,  # rollout/* in every mode, overlap/* in the overlapped ones
+        **data.stats,  # rollout/* and overlap/* (zeros where the mode has no overlap)
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},
     }

@@ -12,7 +12,7 @@ scheduler with its deferred buffer) and :func:`redistribute` for a resume on ano
 number of engine ranks.
 
 Leaves out: where ranks run engines (``colocate.placement``); running a rollout
-(``colocate.loop``, ``colocate.overlap_phase``).
+(``colocate.loop``, ``colocate.rollouts``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def _renamed(sample, rank: int, ranks: int, n: int):
 # ---- checkpoints -----------------------------------------------------------------------------
 def rank_state(data_pos: int, overlap: dict[str, Any] | None) -> dict[str, Any]:
     """What a checkpoint keeps of one engine rank: groups drawn from its prompt stream and
-    its overlap state (scheduler with the deferred buffer, chunk tuner; None: sequential)."""
+    its rollout state (``Rollouts.state_dict``: scheduler with the deferred buffer, chunk
+    tuner; None in checkpoints of sequential runs written before every mode had one)."""
     return {"data_pos": int(data_pos), "overlap": overlap}
 
 

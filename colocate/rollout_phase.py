@@ -2,26 +2,26 @@
 
 Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
 :func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
-in every mode: the trained :class:`engine.rollout.Sample` s, scored), running samples on
-the actor engine and scoring them with the reward engine and/or Python reward functions
-(sync or async). Sequential mode: scoring starts after generation ends.
+in every mode: the trained :class:`engine.rollout.Sample` s, scored), and the sequential
+schedule: run samples on the actor engine, then score them (``colocate.scoring``).
 
-Leaves out: the overlapped variants (streamed scoring, deferral) and training.
+Leaves out: the overlapped schedules (``engine.oppo``), which samples a step runs
+(``colocate.rollouts``) and training.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
-from typing import Any, Callable, Sequence
+import math
+import random
+import time
+from typing import Any, Sequence
 
-from colocate.engine import reward as rm
 from colocate.engine import rollout
 from colocate.engine.rollout import Sample
+from colocate.engine.runtime import run_guarded
 from colocate.engine.timeline import mark
-from colocate.reward_fns import RewardFn  # noqa: F401  (re-exported: the reward functions' type)
-
+from colocate.scoring import Scorer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +48,6 @@ class StepRollout:
 def response_budget(rollout_cfg, seed: int, position: int) -> int:
     """Token budget of the request at data ``position``: ``max_new_tokens``, or a draw from
     a long-tailed distribution capped at it (deterministic in seed and position)."""
-    import math
-    import random
-
     cap = rollout_cfg.max_new_tokens
     if rollout_cfg.length_dist == "fixed":
         return cap
@@ -71,40 +68,6 @@ def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
     return params
 
 
-async def call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
-    value = fn(record, text)
-    if inspect.isawaitable(value):
-        value = await value
-    return float(value)
-
-
-async def score_samples(
-    samples: Sequence[Sample],
-    *,
-    reward_engine=None,
-    reward_fns: Sequence[RewardFn] = (),
-    decode: Callable[[list[int]], str] | None = None,
-    tag: str,
-    step: int | None = None,
-    timeout_s: float | None = None,
-) -> list[float]:
-    """Sum of the reward model's score (if any) and every reward function's value (on each
-    sample's decoded response and prompt record). A reward request the engine refuses, or
-    does not answer within ``timeout_s``, raises one `RewardRequestError` line naming
-    (step, sample)."""
-    totals = [0.0] * len(samples)
-    if reward_engine is not None:
-        seqs = [s.prompt_ids + s.output_ids for s in samples]
-        for i, v in enumerate(await rm.score_many(reward_engine, seqs, tag, step=step, timeout_s=timeout_s)):
-            totals[i] += v
-    if reward_fns:
-        texts = [decode(s.output_ids) for s in samples]
-        for fn in reward_fns:
-            vals = await asyncio.gather(*(call_reward_fn(fn, s.record, t) for s, t in zip(samples, texts)))
-            totals = [a + b for a, b in zip(totals, vals)]
-    return totals
-
-
 def rollout_stats(samples: Sequence[Sample]) -> dict[str, float]:
     """Metrics of the trained samples in every mode: groups, and prompt tokens the actor
     engine served from its radix cache (a group's shared prompt: n - 1 of its members)."""
@@ -117,29 +80,19 @@ def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sampl
     return [Sample(i, list(p.ids), max_new_tokens, record=dict(p.record)) for i, p in enumerate(prompts)]
 
 
-def run_sequential(
-    actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
-    *, reward_engine=None, reward_fns: Sequence[RewardFn] = (), decode=None, tag_prefix: str = "st",
-    score_timeout_s: float | None = None, timeline=None,
-) -> dict[str, float]:
+def run_sequential(actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, scorer: Scorer,
+                   *, tag_prefix: str = "st", timeline=None) -> dict[str, float]:
     """Generate all samples (a group's shared prompt prefilled once), then score them
-    (``Sample.score``), each reward-model score within ``score_timeout_s`` (the streamed
-    modes' deadline, ``overlap.feeder_timeout_s``); request ids start with ``tag_prefix``.
+    (``Sample.score``: ``scorer``'s reward); request ids start with ``tag_prefix``.
     Returns the phase seconds."""
-    import time
-
     tag = f"{tag_prefix}{step:07d}"
-    from colocate.engine.runtime import run_guarded
-
-    engines = [actor, reward_engine]
+    engines = [actor, *scorer.engines]
     t0 = time.perf_counter()
     mark(timeline, "rollout")
     run_guarded(engines, rollout.generate(actor, samples, sampling, tag, timeline=timeline))
     t1 = time.perf_counter()
     mark(timeline, "score")
-    scores = run_guarded(engines, score_samples(
-        samples, reward_engine=reward_engine, reward_fns=reward_fns, decode=decode, tag=tag + "rm", step=step,
-        timeout_s=score_timeout_s))
+    scores = run_guarded(engines, scorer.score_all(samples, tag + "rm", step))
     for sample, score in zip(samples, scores):
         sample.score = score
     t2 = time.perf_counter()

@@ -22,12 +22,13 @@ import torch
 
 from colocate import checkpoint, rank_rollouts, weight_sync
 from colocate.config import Config
+from colocate.engine.rollout import Sample
 from colocate.engine.timeline import mark
 from colocate.errors import ConfigError
 from colocate.placement import Placement
 from colocate.resume import check_checkpoint
-from colocate.reward_fns import RewardFnErrors
-from colocate.rollout_phase import Prompt, RewardFn
+from colocate.reward_fns import RewardFn, RewardFnErrors
+from colocate.rollout_phase import Prompt, response_budget
 from colocate.timesharing import TimeSharing
 
 
@@ -85,7 +86,7 @@ class Session:
     timesharing: TimeSharing
     out_dir: Path
     log: Callable[[str], None]
-    overlap: Any = None  # colocate.overlap_phase.Overlap on each engine rank in the overlapped modes
+    rollouts: Any = None  # colocate.rollouts.Rollouts on each engine rank (every mode), else None
     phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
     _snapshot: dict[str, Any] | None = None
     on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
@@ -107,7 +108,7 @@ class Session:
         self._snapshot = {
             "run": copy.deepcopy(dataclasses.asdict(self.state)) | {"kl": self.kl_ctl.state_dict()},
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-            "overlap": self.overlap.state_dict() if self.overlap is not None else None,
+            "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
         }
         self._drawn = False
         if self.timeline is not None:
@@ -146,15 +147,12 @@ class Session:
     def is_main(self) -> bool:
         return self.dist.rank == 0
 
-    def new_sample(self, index: int):  # noqa: ANN201 - engine.rollout.Sample
+    def new_sample(self, index: int) -> Sample:
         """Sample ``index`` (local to this rank): member ``index % n`` of group ``index // n``
         (n = ``rollout.group_size``). The group's first member draws the next prompt of this
         rank's stream (``Placement.position``) through a fixed, seeded cycle over the prompt
         set; the others share it. Each member gets its own token budget (``response_budget``
         at draw ``position * n + member``). Call in ascending index order."""
-        from colocate.engine.rollout import Sample
-        from colocate.rollout_phase import response_budget
-
         if not self._drawn:
             self._drawn = True
             self.fault("engine", self.state.step + 1)
@@ -224,7 +222,7 @@ class Session:
             "run": dataclasses.asdict(self.state),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             # the deferred buffer: no partial rollout is lost or duplicated
-            "overlap": self.overlap.state_dict() if self.overlap is not None else None,
+            "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
         })
 
     def _save(self, plain: dict[str, Any]) -> Path | None:
@@ -257,8 +255,8 @@ class Session:
             self.log(f"resume: {note}")
         own = states[self.placement.engine_rank]
         self.state.data_base, self.state.data_pos = base, own["data_pos"]
-        if self.overlap is not None and own["overlap"] is not None:
-            self.overlap.load_state_dict(own["overlap"])
+        if self.rollouts is not None and own["overlap"] is not None:  # None: a sequential run before 2026-11-25
+            self.rollouts.load_state_dict(own["overlap"])
         random.setstate(parts["rng"]["python"])
         torch.set_rng_state(parts["rng"]["torch"])
         self.log(f"resumed from step {step}")
@@ -275,8 +273,8 @@ class Session:
         self.timesharing.wake_and_sync(self.gather_weights, self.push_weights)
 
     def close(self) -> None:
-        if self.overlap is not None:
-            self.overlap.close()
+        if self.rollouts is not None:
+            self.rollouts.close()
         for eng in (self.reward_engine, self.actor):
             if eng is not None:
                 eng.shutdown()

@@ -51,7 +51,7 @@ class TimeSharing:
     ``device_push``: the weights go device to device (the trainer trains on CUDA); the
     same on every rank, engines or not, since the gather is collective. ``quiesce``: stops
     every request the engines would get from this rank's own tasks (the inline reward
-    feeder's scoring, ``Overlap.drain``) before they release. ``barrier``: waits for every
+    feeder's scoring, ``Rollouts.drain``) before they release. ``barrier``: waits for every
     rank (tensor-parallel engines, whose shards share GPUs with other ranks' trainers)."""
 
     def __init__(self, engines: list, trainer, log: Callable[[str], None] = print, *,

@@ -2,7 +2,7 @@
 
 Owns: running the launched samples concurrently on the actor engine; scoring each one as
 it is generated (``streamed``: chunks to the feeder, intra-step overlap) or as soon as it
-finishes (one-shot on the reward engine); and, when ``cut_after`` is set (inter-step
+finishes (the caller's ``score``: one-shot on a reward model, reward functions); and, when ``cut_after`` is set (inter-step
 overlap), aborting the rest once that many groups are finished *and* scored (a group: the
 launched samples of one group id; one sample without groups) — their partial tokens,
 logprobs and versions stay on the :class:`Sample` for the next step. Scores land on
@@ -20,14 +20,16 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from . import reward as rm
 from . import rollout
 from .live import LiveRequest, LiveRequests, Relay, frozen
 from .rollout import Sample
 from .streamed import Chunker, ScoreClient
 from .timeline import Timeline, mark
 
-ExtraScore = Callable[[Sample], Awaitable[float]]  # e.g. rule rewards on the decoded text
+# (finished sample, its streamed reward-model score or None, request id prefix, step) -> its
+# reward (``colocate.scoring.Scorer``: a one-shot model score when none streamed, reward
+# functions, reward.scale); without one a sample's reward is its streamed score (or 0.0)
+SampleScore = Callable[[Sample, "float | None", str, int], Awaitable[float]]
 
 
 @dataclasses.dataclass
@@ -46,8 +48,7 @@ class _Clock:
 
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
-               reward_engine, extra_score: ExtraScore | None, chunk: int, clock: _Clock, on_done,
-               score_timeout_s: float | None, run: "_Run") -> None:
+               score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
     sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(actor, s, sampling, tag, relay, run.timeline))
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
@@ -59,19 +60,14 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
         if client is not None:
             client.forget(step, sample.index)
         return
-    score = 0.0
+    streamed = None
     if chunker is not None:
         await chunker.finish()
-        score = await client.score(step, sample.index)
-    elif reward_engine is not None:
-        seq = sample.prompt_ids + sample.output_ids
-        score = await rm.score(reward_engine, seq, f"{tag}rm-{sample.index:08d}",
-                               request=f"(step {step}, sample {sample.index})", timeout_s=score_timeout_s)
-    if extra_score is not None:
-        score += await extra_score(sample)
+        streamed = await client.score(step, sample.index)
+    value = await score(sample, streamed, f"{tag}rm", step) if score is not None else (streamed or 0.0)
     clock.scored[sample.index] = time.perf_counter()
     mark(run.timeline, "scored", sample.index)
-    on_done(sample, score)
+    on_done(sample, value)
 
 
 @dataclasses.dataclass
@@ -97,13 +93,13 @@ class _Run:
 
 async def run_step(
     actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
-    reward_engine=None, client: ScoreClient | None = None, chunk: int = 64,
-    cut_after: int | None = None, extra_score: ExtraScore | None = None, score_timeout_s: float | None = None,
+    score: SampleScore | None = None, client: ScoreClient | None = None, chunk: int = 64,
+    cut_after: int | None = None,
     pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
 ) -> OverlapResult:
-    """Generate ``samples``; score each as it goes (streamed through ``client``, whose own
-    deadline applies, else one-shot on ``reward_engine`` within ``score_timeout_s``, plus
-    ``extra_score``); after ``cut_after`` groups have all their launched members finished
+    """Generate ``samples``; score each as it goes (model scores streamed through
+    ``client``, whose own deadline applies; each finished sample's reward by ``score``,
+    which scores one-shot what did not stream); after ``cut_after`` groups have all their launched members finished
     and scored, stop the rest: abort them (``pause_mode="abort"``), or pause the engine and
     park their streams in ``live`` (``in_place``/``retract``; the unfinished samples handed
     back are frozen copies, see ``engine.live``). A launched sample parked in ``live`` by
@@ -142,8 +138,8 @@ async def run_step(
     await rollout.prefill_shared_prompts(actor, samples, tag)  # before any member runs
     for s in samples:
         tasks[s.index] = asyncio.ensure_future(_one(
-            actor, s, sampling, tag, step, client=client, reward_engine=reward_engine, extra_score=extra_score,
-            chunk=chunk, clock=clock, on_done=on_done, score_timeout_s=score_timeout_s, run=run))
+            actor, s, sampling, tag, step, client=client, score=score, chunk=chunk, clock=clock,
+            on_done=on_done, run=run))
     try:
         await _wait_all(list(tasks.values()))
         await _wait_all(parking)

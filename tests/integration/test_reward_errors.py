@@ -31,6 +31,7 @@ from colocate.engine.runtime import EngineConfig, SglangEngine
 from colocate.engine.streamed import ScoreClient
 from colocate.models import build_tiny_reward_model
 from colocate.rollout_phase import Prompt, run_sequential
+from colocate.scoring import Scorer
 from colocate.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow
@@ -103,8 +104,8 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
     loop = actor_engine.loop
     started = time.monotonic()
     with pytest.raises(RewardRequestError) as e:
-        loop.run_until_complete(oppo.run_step(actor_engine, _samples(), GREEDY, 5, reward_engine=short_rm,
-                                              cut_after=3, score_timeout_s=TIMEOUT_S))
+        loop.run_until_complete(oppo.run_step(actor_engine, _samples(), GREEDY, 5,
+                                              score=Scorer(short_rm, timeout_s=TIMEOUT_S), cut_after=3))
     _one_line_about_a_long_sample(e.value, 5)
     assert time.monotonic() - started < TIMEOUT_S
     left = [t for t in asyncio.all_tasks(loop) if not t.done() and t.get_coro().__qualname__ == "_one"]
@@ -113,7 +114,7 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
 
 def test_sequential_score_error_is_one_line(actor_engine, short_rm):
     with pytest.raises(RewardRequestError) as e:
-        run_sequential(actor_engine, _samples(), GREEDY, 5, reward_engine=short_rm)
+        run_sequential(actor_engine, _samples(), GREEDY, 5, Scorer(short_rm))
     _one_line_about_a_long_sample(e.value, 5)
 
 
@@ -129,7 +130,7 @@ def test_sequential_score_that_never_comes_ends_the_step_in_one_line(actor_engin
     try:
         started = time.monotonic()
         with pytest.raises(RewardRequestError) as e:
-            run_sequential(actor_engine, fits, GREEDY, 7, reward_engine=short_rm, score_timeout_s=deadline)
+            run_sequential(actor_engine, fits, GREEDY, 7, Scorer(short_rm, timeout_s=deadline))
         took = time.monotonic() - started
     finally:
         for child in children:
@@ -138,7 +139,7 @@ def test_sequential_score_that_never_comes_ends_the_step_in_one_line(actor_engin
     assert "\n" not in text and f"no score within {deadline:g} s" in text and "(step 7, sample " in text, text
     assert took < deadline + 15  # generation (a few tokens) + the deadline, not forever
     again = [s for s in _samples() if s.index % 2 == 0]
-    run_sequential(actor_engine, again, GREEDY, 8, reward_engine=short_rm, score_timeout_s=60)
+    run_sequential(actor_engine, again, GREEDY, 8, Scorer(short_rm, timeout_s=60))
     assert all(s.score is not None for s in again)
 
 
@@ -172,8 +173,8 @@ def test_reward_error_fails_the_run_and_keeps_the_last_step(models, short_prompt
     cfg = load_config(overrides=_overrides(run_overrides, models, out, short_prompts, f"overlap.mode={mode}", *extra))
     session = builder.build(cfg, log=lambda m: None)  # 21-token prompts + 16 fit the context of 64
     children = [p for e in (session.actor, session.reward_engine) if e is not None for p in e.child_pids]
-    if session.overlap is not None and session.overlap.feeder_pid():
-        children.append(session.overlap.feeder_pid())
+    if session.rollouts is not None and session.rollouts.feeder_pid():
+        children.append(session.rollouts.feeder_pid())
     long_prompt = Prompt(tuple(chat_prompt_ids(session.tokenizer, "z" * 60)), {})  # 79 tokens: too long
     swapped = []
 

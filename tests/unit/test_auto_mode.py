@@ -8,7 +8,7 @@ import pytest
 
 from colocate.auto_mode import AutoPolicy, ModePicker
 from colocate.config import Config, ConfigError, load_config, validate
-from colocate.overlap_phase import auto_policy
+from colocate.rollouts import auto_policy
 
 
 def run(picker: ModePicker, cost: dict[str, float], steps: int, trained: int = 4) -> list[str]:

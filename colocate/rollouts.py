@@ -1,16 +1,22 @@
-"""The rollout phase of the overlapped modes (intra, inter, oppo) and its lifetime.
+"""The rollout phase of one engine rank, in every mode, and its lifetime: the one path
+every ``overlap.mode`` goes through.
 
-Owns: :class:`Overlap`, which holds the length-aware scheduler (its deferred samples carry
-their prompt records, groups and, once finished, scores), the chunk-size tuner, and the
-reward feeder — an asyncio task beside the engines, or its own process with its own reward
-engine (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
-:meth:`Overlap.rollout` plans B(+Δ) samples (B/n + Δ groups of n), runs them with
-streamed and/or one-shot scoring, cuts after the first B/n complete groups, and hands
-back what to train on, with the step's stats
-(incl. the ZeroMQ frames either end of the feeder channel refused or lost during the step;
-the feeder's counts come with its heartbeats, so they lag it by at most 0.5 s).
+Owns: :class:`Rollouts`, which holds the length-aware scheduler (its deferred samples
+carry their prompt records, groups and, once finished, scores), the scorer
+(``colocate.scoring``), the chunk-size tuner, and — when a mode streams — the reward
+feeder: an asyncio task beside the engines, or its own process with its own reward engine
+(``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
+:meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
+or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them — the plain
+sequential schedule (``rollout_phase.run_sequential``) when the mode neither streams nor
+defers and nothing is carried, else ``engine.oppo.run_step`` with streamed and/or one-shot
+scoring and the cut after the first B/n complete groups — and hands back what to train
+on, with the step's stats (``overlap/*`` in every mode, incl. the ZeroMQ frames either end
+of the feeder channel refused or lost during the step; the feeder's counts come with its
+heartbeats, so they lag it by at most 0.5 s).
 
-Leaves out: training and the sequential mode (``colocate.rollout_phase``).
+Leaves out: the schedules themselves (``colocate.rollout_phase``, ``engine.oppo``),
+scoring (``colocate.scoring``) and training.
 """
 
 from __future__ import annotations
@@ -25,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from colocate.auto_mode import DEFERRED, STREAMED, AutoPolicy, ModePicker
+from colocate.auto_mode import AutoPolicy, ModePicker
 from colocate.config import Config, OverlapConfig
-from colocate.rollout_phase import RewardFn, StepRollout, call_reward_fn, rollout_stats, run_sequential
 from colocate.engine import oppo, streamed
 from colocate.engine.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
@@ -37,9 +42,15 @@ from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthA
                               SchedulerConfig, staleness_stats)
 from colocate.engine.runtime import EngineConfig, run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
+from colocate.modes import STREAMED, Mode, by_name
+from colocate.reward_fns import RewardFn
+from colocate.rollout_phase import StepRollout, rollout_stats, run_sequential
+from colocate.scoring import Scorer
 
-
-EVAL_STEP_BASE = 1 << 40  # feeder step ids of held-out evaluations (training steps stay below)
+# feeder step ids of one-shot scoring through the feeder's process (streamed training steps
+# use the step itself): held-out evaluations, and training steps that do not stream
+EVAL_STEP_BASE = 1 << 40
+WHOLE_STEP_BASE = 1 << 41
 
 
 def _scheduler_config(cfg: Config, batch_size: int) -> SchedulerConfig:
@@ -60,18 +71,21 @@ def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
                       margin=o.auto_margin)
 
 
-class Overlap:
-    """Scheduler + tuner + feeder of one engine rank; ``batch_size``: the samples it trains
-    per step (its share of ``rollout.batch_size``); Δ counts per rank."""
+class Rollouts:
+    """Scheduler + scorer + tuner (+ feeder) of one engine rank; ``batch_size``: the samples
+    it trains per step (its share of ``rollout.batch_size``); Δ counts per rank."""
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
                  timeline: Timeline | None = None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         self.timeline, self.log = timeline, log
-        self.reward_fns, self.decode = list(reward_fns), decode
         o = cfg.overlap
-        check_pause_mode(o.pause_mode, actor.device)
+        if o.deferral:
+            check_pause_mode(o.pause_mode, actor.device)
+        # the reward model: the inline engine, or behind the feeder's own process
+        self.scorer = Scorer(reward_engine, tuple(reward_fns), decode, cfg.reward.scale, o.feeder_timeout_s,
+                             whole=self._whole(WHOLE_STEP_BASE) if feeder_engine is not None else None)
         self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
         self.scheduler = LengthAwareScheduler(_scheduler_config(cfg, batch_size or cfg.rollout.batch_size))
         self.picker = ModePicker(auto_policy(o, streams=reward_engine is not None or feeder_engine is not None)) \
@@ -79,7 +93,7 @@ class Overlap:
         fixed = o.chunk_size or o.candidates[0]
         self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
                                                      adaptive=o.chunk_size == 0, fixed=fixed))
-        self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
+        self._tmp: tempfile.TemporaryDirectory | None = None
         self.client: ScoreClient | None = None
         self._channel_seen: dict[str, int] = {}  # channel counts reported so far
         self._feeder_task = self._feeder_proc = None
@@ -91,6 +105,7 @@ class Overlap:
     def _start_feeder(self, feeder_engine: EngineConfig | None, log) -> None:
         """``feeder_engine``: the reward engine a feeder process starts for itself
         (``overlap.feeder=process``); None: the feeder scores on ``self.reward_engine``."""
+        self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
         chunks = f"ipc://{self._tmp.name}/chunks"
         results = f"ipc://{self._tmp.name}/results"
         self.client = ScoreClient(chunks, results, timeout_s=self.cfg.overlap.feeder_timeout_s)
@@ -152,16 +167,17 @@ class Overlap:
             self._feeder_proc.wait(timeout=30)
         if self.client is not None:
             loop.run_until_complete(self.client.__aexit__(None, None, None))
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     # ---- one step ----------------------------------------------------------------------
     def rollout(self, new_sample, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
         """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
-        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``). Under
-        ``overlap.mode=auto`` the picker names the step's mode; its sequential steps run
-        the sequential schedule itself (``run_sequential``) on the scheduler's samples."""
-        mode, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
-        plan = self.scheduler.plan(new_sample, version, defer=mode in DEFERRED)
+        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``). The step's
+        mode is ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
+        name, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
+        step_mode = by_name(name)
+        plan = self.scheduler.plan(new_sample, version, defer=step_mode.defers)
         carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
@@ -169,42 +185,39 @@ class Overlap:
         started = time.perf_counter()
         if plan.dropped and len(self.live):  # too stale to train on: their parked requests end
             run_guarded([self.actor], self.live.discard(self.actor, [s.index for s in plan.dropped]))
-        if mode == "sequential" and not carried:
-            seconds = run_sequential(self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
-                                     reward_fns=self.reward_fns, decode=self.decode, timeline=self.timeline,
-                                     score_timeout_s=self.cfg.overlap.feeder_timeout_s)
+        plain = step_mode.plain and not carried  # sequential: generate all, then score all
+        if plain:
+            seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline)
             ended, chunk = plan.launch, 0
         else:
-            seconds, ended, chunk = self._run_step(plan, mode, step, sampling)
+            seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling)
         elapsed = time.perf_counter() - started
         train, defer = self.scheduler.select(ended)
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
-            self._record_auto(step, mode, elapsed, len(train), measured and (mode in DEFERRED or not carried))
-        for fate, group in (("trained", train if mode != "sequential" or carried else []), ("deferred", defer)):
+            self._record_auto(step, name, elapsed, len(train), measured and (step_mode.defers or not carried))
+        for fate, group in (("trained", [] if plain else train), ("deferred", defer)):
             for s in group:
                 mark(self.timeline, fate, s.index)
         stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": plan.delta,
                  "chunk_size": chunk, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
-                 **self._auto_stats(mode), **self._channel_stats()}
+                 **self._auto_stats(step_mode), **self._channel_stats()}
         return StepRollout(train, seconds, {**rollout_stats(train), **{f"overlap/{k}": v for k, v in stats.items()}})
 
-    def _run_step(self, plan, mode: str, step: int, sampling: dict[str, Any]):
-        """``plan`` through ``engine.oppo.run_step`` in ``mode``: streamed scoring when it
-        streams, the cut after the first B/n groups when it defers. Returns the phase
-        seconds, every launched sample (finished first, in completion order) and the chunk."""
+    def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any]):
+        """``plan`` through ``engine.oppo.run_step``: streamed scoring when the mode streams,
+        the cut after the first B/n groups when it defers. Returns the phase seconds, every
+        launched sample (finished first, in completion order) and the chunk."""
         o = self.cfg.overlap
-        streams = self.client is not None and mode in STREAMED
+        streams = self.client is not None and step_mode.streams
         chunk = self.tuner.chunk_for_step(step) if streams else 0
         need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
-        res = run_guarded([self.actor, self.reward_engine], oppo.run_step(
-            self.actor, plan.launch, sampling, step, reward_engine=self.reward_engine,
+        res = run_guarded([self.actor, *self.scorer.engines], oppo.run_step(
+            self.actor, plan.launch, sampling, step, score=self.scorer,
             client=self.client if streams else None, chunk=chunk or 64,
-            cut_after=need if mode in DEFERRED else None,
-            extra_score=self._rule_score if self.reward_fns else None,
-            score_timeout_s=o.feeder_timeout_s,
+            cut_after=need if step_mode.defers else None,
             pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
             timeline=self.timeline))
         if streams:
@@ -219,11 +232,11 @@ class Overlap:
             self.log(f"overlap.mode=auto: step {step + 1} ran {mode}, the next runs {nxt} "
                      f"(rollout s per trained sample: {costs or 'none measured yet'})")
 
-    def _auto_stats(self, mode: str) -> dict[str, float]:
+    def _auto_stats(self, step_mode: Mode) -> dict[str, float]:
         """Which overlaps the step ran under ``overlap.mode=auto``, and each mode's cost."""
         if self.picker is None:
             return {}
-        return {"auto_streamed": float(mode in STREAMED), "auto_deferral": float(mode in DEFERRED),
+        return {"auto_streamed": float(step_mode.streams), "auto_deferral": float(step_mode.defers),
                 **self.picker.stats()}
 
     def _channel_stats(self) -> dict[str, int]:
@@ -236,34 +249,46 @@ class Overlap:
         self._channel_seen = now
         return delta
 
-    def score_whole(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], step: int) -> list[float]:
-        """Reward-model scores of complete (prompt ids, response ids) pairs through the
-        feeder: the held-out evaluation after ``step`` when the reward model lives in the
-        feeder's process. Its step ids lie above every training step's."""
-        self.client.last_heard = time.monotonic()  # the loop slept while training
-        self.check_feeder()
-        return run_guarded([self.actor], streamed.score_whole(self.client, EVAL_STEP_BASE + step, seqs))
+    def _whole(self, base: int):
+        """The reward model behind the feeder's process, one-shot: complete (prompt ids,
+        response ids) pairs sent as final chunks under step id ``base + step`` (above every
+        streamed training step's)."""
+        async def scores(step: int, seqs, indices) -> list[float]:
+            self.client.last_heard = time.monotonic()  # the loop slept while training
+            self.check_feeder()
+            return await streamed.score_whole(self.client, base + step, seqs, indices)
 
-    async def _rule_score(self, sample: Sample) -> float:
-        """Sum of the Python reward functions on a finished sample's text."""
-        text = self.decode(sample.output_ids)
-        return sum([await call_reward_fn(fn, sample.record, text) for fn in self.reward_fns])
+        return scores
+
+    def evaluate(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int) -> dict[str, float]:
+        """The held-out evaluation after ``step``: ``samples`` generated and scored like
+        training, on the sequential schedule, outside the scheduler (request ids ``ev``;
+        through a feeder process under evaluation step ids)."""
+        scorer = self.scorer
+        if scorer.whole is not None:
+            scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
+        return run_sequential(self.actor, samples, sampling, step, scorer, tag_prefix="ev")
 
     def observe_reward(self, mean_reward: float) -> None:
         self.scheduler.observe_reward(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
         auto = {"auto": self.picker.state_dict()} if self.picker is not None else {}
-        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), **auto}
+        # scores_scaled: deferred samples' scores are rewards (reward.scale applied)
+        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), "scores_scaled": True,
+                **auto}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Also reads checkpoints written before samples carried their score and prompt
-        record (both then lived in per-index maps beside the scheduler)."""
+        record (both then lived in per-index maps beside the scheduler), and before a
+        score included ``reward.scale`` (it is applied on load)."""
         scheduler = state["scheduler"]
         scores, records = state.get("ready_scores", {}), state.get("records", {})
         for d in scheduler["deferred"]:
             d.setdefault("score", scores.get(str(d["index"])))
             d.setdefault("record", records.get(str(d["index"]), {}))
+            if not state.get("scores_scaled") and d["score"] is not None:
+                d["score"] = d["score"] * self.cfg.reward.scale
         self.scheduler.load_state_dict(scheduler)
         self.tuner.load_state_dict(state["tuner"])
         if self.picker is not None and "auto" in state:
