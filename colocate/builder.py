@@ -142,28 +142,36 @@ def _engines(cfg: Config, actor_cfg, reward_cfg):
     return actor, reward
 
 
-def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
-    """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the settings of `cfg`
-    (``settings``: `TrainerSettings` fields the config does not hold, e.g. ``micro_batch``)."""
-    from colocate.trainer.lora import LoraSettings
-    from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+# ppo.* fields the loop reads (the KL controller), not the trainer
+LOOP_PPO_FIELDS = frozenset({"kl_kind", "kl_coef", "kl_target", "kl_horizon"})
 
-    p, o = cfg.ppo, cfg.overlap
-    return PPOTrainer(TrainerSettings(
-        actor_path=actor_path, critic_path=critic_path, dtype=trainer_dtype(cfg, dist.device.type),
-        device=str(dist.device),
-        seed=cfg.run.seed, actor_lr=p.actor_lr, critic_lr=p.critic_lr, weight_decay=p.weight_decay,
-        max_grad_norm=p.max_grad_norm, epochs=p.epochs, minibatches=p.minibatches, clip_eps=p.clip_eps,
-        value_clip_eps=p.value_clip_eps, gamma=p.gamma, lam=p.lam, kl_estimator=p.kl_estimator,
-        whiten_advantages=p.whiten_advantages, loss_agg=p.loss_agg, value_coef=p.value_coef,
-        packing=p.packing, micro_batch_tokens=p.micro_batch_tokens, old_logp=p.old_logp,
-        advantage=p.advantage, norm_adv_by_std=p.norm_adv_by_std, kl_in=p.kl_in,
+
+def trainer_settings(cfg: Config, actor_path: str, critic_path: str, device, **settings):
+    """`TrainerSettings` of ``cfg`` for a trainer on ``device`` (a torch.device;
+    ``settings``: fields the config does not hold, e.g. ``micro_batch``). Every ``ppo.*``
+    field but the KL controller's reaches the trainer under its own name; the rest comes
+    from the sections that own it (models, run, rollout, overlap, engines, lora)."""
+    from colocate.trainer.lora import LoraSettings
+    from colocate.trainer.ppo_trainer import TrainerSettings
+
+    o = cfg.overlap
+    names = {f.name for f in dataclasses.fields(TrainerSettings)}
+    ppo = {k: v for k, v in dataclasses.asdict(cfg.ppo).items() if k in names}
+    return TrainerSettings(
+        actor_path=actor_path, critic_path=critic_path, dtype=trainer_dtype(cfg, device.type),
+        device=str(device), seed=cfg.run.seed, trust_remote_code=cfg.models.trust_remote_code,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
-        temperature=cfg.rollout.temperature or 1.0, trust_remote_code=cfg.models.trust_remote_code,
-        host_offload=cfg.engines.host_offload, gradient_checkpointing=p.gradient_checkpointing,
-        lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **settings),
-        dist)
+        temperature=cfg.rollout.temperature or 1.0, host_offload=cfg.engines.host_offload,
+        lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **ppo, **settings)
+
+
+def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
+    """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the
+    settings of ``cfg`` (`trainer_settings`)."""
+    from colocate.trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer(trainer_settings(cfg, actor_path, critic_path, dist.device, **settings), dist)
 
 
 def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[RewardFn], tokenizer,
