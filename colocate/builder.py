@@ -12,24 +12,35 @@ Leaves out: the step (``colocate.loop``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from transformers import AutoTokenizer
 
+from colocate import tasks, timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
+from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.start_checks import check_remote_code
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
+from colocate.evaluation import split_held_out
 from colocate.guards import check_world_size
-from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.model_aliases import resolve_model
 from colocate.placement import Placement, placement_of
 from colocate.preflight import check_contexts
+from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollouts import Rollouts
 from colocate.session import RunState, Session, tokenize_prompts
-from colocate import timesharing
+from colocate.trainer import distributed
+from colocate.trainer.distributed import init_distributed
+from colocate.trainer.kl_control import make_kl_controller
+from colocate.trainer.lora import LoraSettings
+from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.wandb_log import check_available
 
 
 def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:
@@ -77,10 +88,6 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
     """(actor, reward) `EngineConfig`s of ``cfg`` for the engines of ``placement``'s rank
     (its GPU, its share of the CPU cores, ports of its own when several ranks share the
     node); reward is None without a reward model."""
-    import os
-
-    from colocate.engine.runtime import EngineConfig
-
     e = cfg.engines
     actor_threads, reward_threads = engine_threads(cfg, placement.engine_cores(len(os.sched_getaffinity(0))))
     shared_node = placement.local_world > placement.tp_size
@@ -104,9 +111,7 @@ def tp_barrier(placement: Placement, dist) -> Callable[[], None] | None:
     GPUs with other ranks' trainers (``engines.tp_size`` > 1); None otherwise."""
     if placement.tp_size == 1:
         return None
-    from colocate.trainer.distributed import barrier
-
-    return lambda: barrier(dist)
+    return lambda: distributed.barrier(dist)
 
 
 def check_device_choices(cfg: Config, device: str) -> None:
@@ -129,8 +134,6 @@ def own_feeder(cfg: Config) -> bool:
 
 def _engines(cfg: Config, actor_cfg, reward_cfg):
     """Actor engine, and the reward engine unless a feeder process hosts its own."""
-    from colocate.engine.runtime import SglangEngine
-
     actor = SglangEngine(actor_cfg, field="models.actor")
     reward = None
     if reward_cfg is not None and not own_feeder(cfg):
@@ -151,9 +154,6 @@ def trainer_settings(cfg: Config, actor_path: str, critic_path: str, device, **s
     ``settings``: fields the config does not hold, e.g. ``micro_batch``). Every ``ppo.*``
     field but the KL controller's reaches the trainer under its own name; the rest comes
     from the sections that own it (models, run, rollout, overlap, engines, lora)."""
-    from colocate.trainer.lora import LoraSettings
-    from colocate.trainer.ppo_trainer import TrainerSettings
-
     o = cfg.overlap
     names = {f.name for f in dataclasses.fields(TrainerSettings)}
     ppo = {k: v for k, v in dataclasses.asdict(cfg.ppo).items() if k in names}
@@ -169,8 +169,6 @@ def trainer_settings(cfg: Config, actor_path: str, critic_path: str, device, **s
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
     """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the
     settings of ``cfg`` (`trainer_settings`)."""
-    from colocate.trainer.ppo_trainer import PPOTrainer
-
     return PPOTrainer(trainer_settings(cfg, actor_path, critic_path, dist.device, **settings), dist)
 
 
@@ -186,10 +184,7 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
 
 def _data(cfg: Config, tokenizer):
     """(training prompts, held-out evaluation prompts), tokenized."""
-    from colocate.evaluation import split_held_out
-    from colocate.tasks import load_prompt_source
-
-    prompts = load_prompt_source(cfg.data.source, None, cfg.data.seed)
+    prompts = tasks.load_prompt_source(cfg.data.source, None, cfg.data.seed)
     held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
     train, held_out = split_held_out(prompts, held)
     return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens),
@@ -199,8 +194,6 @@ def _data(cfg: Config, tokenizer):
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
     fns = list(extra)
     if cfg.reward.kind == "rule":
-        from colocate import tasks
-
         if cfg.reward.rule == "vader":
             fns.append(tasks.sentiment_reward)
         elif cfg.reward.rule == "reasoning-gym":
@@ -218,15 +211,6 @@ def _quiet(message: str) -> None:
 
 def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
           log: Callable[[str], None] = print) -> Session:
-    from transformers import AutoTokenizer
-
-    from colocate import tp_exchange
-    from colocate.engine.start_checks import check_remote_code
-    from colocate.trainer.distributed import init_distributed
-    from colocate.trainer.kl_control import make_kl_controller
-
-    from colocate.wandb_log import check_available
-
     check_available(cfg.run)  # before anything starts
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:

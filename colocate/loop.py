@@ -16,13 +16,17 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
+from colocate import evaluation, rank_failure, rank_rollouts
 from colocate import metrics as mlog
-from colocate import rank_failure, rank_rollouts
+from colocate.config import to_dict
 from colocate.errors import USER_ERRORS
 from colocate.guards import check_weight_versions
 from colocate.metrics import PhaseTimer
 from colocate.rollout_phase import StepRollout, sampling_params
 from colocate.session import Session
+from colocate.trainer.batch import make_batch
+from colocate.trainer.distributed import all_gather_object, lost_peer
+from colocate.wandb_log import WandbRun
 
 StepCallback = Callable[[dict[str, Any]], None]
 
@@ -45,8 +49,6 @@ def _sampling(s: Session) -> dict[str, Any]:
 
 def step(s: Session) -> dict[str, Any]:
     """One PPO step; returns its metrics."""
-    from colocate.trainer.batch import make_batch
-
     timer, t_step = PhaseTimer(), time.perf_counter()
     s.begin_step()
     data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
@@ -176,8 +178,6 @@ def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | Non
     again when this step's periodic one is written) and re-raises. With several ranks a
     failure is first left for the others (``rank_failure.post``), and a collective broken
     by another rank going away becomes one line naming that rank and phase."""
-    from colocate.trainer.distributed import lost_peer
-
     try:
         return run()
     except USER_ERRORS as exc:
@@ -196,8 +196,6 @@ def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | Non
 def _stopping(s: Session, stop) -> bool:
     """Whether any rank was asked to stop: the ranks agree at each step boundary, so none
     goes on alone into a step the others left."""
-    from colocate.trainer.distributed import all_gather_object
-
     asked = stop is not None and stop.requested
     return any(all_gather_object(asked, s.dist)) if s.dist.world_size > 1 else asked
 
@@ -205,8 +203,6 @@ def _stopping(s: Session, stop) -> bool:
 def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
     """The held-out evaluation when it is due (rank 0: it only uses the engines; every
     rank learns whether it failed, ``rank_failure.agree``)."""
-    from colocate import evaluation
-
     if not (s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
         return
     s.set_phase("eval")
@@ -222,7 +218,4 @@ def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
 def _wandb_run(s: Session):
     if not (s.is_main and s.cfg.run.wandb_project):
         return None
-    from colocate.config import to_dict
-    from colocate.wandb_log import WandbRun
-
     return WandbRun(s.cfg.run, s.out_dir, to_dict(s.cfg), resumed=s.state.step > 0)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from colocate import checkpoint, rank_rollouts, weight_sync
+from colocate import checkpoint, faults, rank_rollouts, weight_sync
 from colocate.config import Config
 from colocate.engine.rollout import Sample
 from colocate.engine.timeline import mark
@@ -29,7 +29,9 @@ from colocate.placement import Placement
 from colocate.resume import check_checkpoint
 from colocate.reward_fns import RewardFn, RewardFnErrors
 from colocate.rollout_phase import Prompt, response_budget
+from colocate.tasks import chat_prompt_ids
 from colocate.timesharing import TimeSharing
+from colocate.trainer.distributed import all_gather_object
 
 
 @dataclasses.dataclass
@@ -46,8 +48,6 @@ class RunState:
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
     """Chat-format and tokenize ``colocate.tasks.Prompt`` items; prompts longer than
     ``max_tokens`` are refused."""
-    from colocate.tasks import chat_prompt_ids
-
     out = []
     for i, prompt in enumerate(prompts):
         ids = chat_prompt_ids(tokenizer, prompt.text)
@@ -119,8 +119,6 @@ class Session:
         """``run.fault_at``'s test hook (``colocate.faults``): nothing unless it names this
         point of ``step``."""
         if self.cfg.run.fault_at:
-            from colocate import faults
-
             pids = self.actor.child_pids if point == "engine" and self.actor is not None else ()
             faults.fire(self.cfg.run.fault_at, self.cfg.run.fault_action, point, step, self.dist.rank,
                         self.out_dir, pids)
@@ -226,8 +224,6 @@ class Session:
         })
 
     def _save(self, plain: dict[str, Any]) -> Path | None:
-        from colocate.trainer.distributed import all_gather_object
-
         trainer_state = self.trainer.state_dict()  # collective: every rank takes part
         own = rank_rollouts.rank_state(plain["run"]["data_pos"], plain["overlap"]) if self.actor is not None else None
         ranks = [r for r in all_gather_object(own, self.dist) if r is not None]  # every engine rank's stream and buffer
