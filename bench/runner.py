@@ -33,26 +33,6 @@ def _mode_cfg(cfg: Config, mode: str) -> Config:
                                                                 pause_mode=pause or cfg.overlap.pause_mode))
 
 
-def _reset(session, cfg: Config, initial: dict[str, Any], kl_state: dict[str, Any]) -> None:
-    """Back to step 0 with the initial weights, under ``cfg``'s mode (its rollout phase
-    built fresh, as ``colocate train`` builds it)."""
-    from colocate import builder
-    from colocate.session import RunState
-
-    session.rollouts.close()
-    session.rollouts = None
-    session.cfg = cfg
-    session.trainer.load_state_dict(initial)
-    session.kl_ctl.load_state_dict(kl_state)
-    session.state = RunState(weight_version=session.state.weight_version)
-    session.sync_weights()
-    if session.reward_engine is not None:
-        session.reward_engine.flush_cache()
-    session.rollouts = builder.make_rollouts(cfg, session.actor, session.reward_engine, None, session.reward_fns,
-                                             session.tokenizer, cfg.rollout.batch_size, session.timeline,
-                                             session.log)
-
-
 class _Sessions:
     """One session per engine thread budget (``colocate.builder.engine_threads``): on CPU
     the streamed modes run their two engines on half the cores each, the others on all of
@@ -152,7 +132,7 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
         for rep in range(repeats):
             for mode in grouped_order(modes, rep, sessions.key):
                 session, initial, kl_state = sessions.get(mode)
-                _reset(session, _mode_cfg(cfg, mode), initial, kl_state)
+                session.restart(_mode_cfg(cfg, mode), initial, kl_state)
                 records += _measure(session, mode, rep, steps, guard,
                                     lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"), journal)
     finally:

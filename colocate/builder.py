@@ -176,7 +176,8 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
                   batch_size: int, timeline: Timeline | None, log: Callable[[str], None]) -> Rollouts:
     """The rollout phase of an engine rank (every mode): ``batch_size`` its share of the
     batch; with ``overlap.feeder=process`` the feeder's process starts its own reward
-    engine from ``reward_cfg``. ``colocate train`` and the bench build it here."""
+    engine from ``reward_cfg``. ``colocate train`` and the bench (``Session.restart``)
+    build it here."""
     return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=batch_size,
                     timeline=timeline)
@@ -262,8 +263,10 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         out_dir = Path(cfg.run.out_dir)
         # rank 0's engines: the one timeline a run writes (run.timeline)
         timeline = Timeline() if cfg.run.timeline and placement.hosts_engines and dist.rank == 0 else None
-        rollouts = make_rollouts(cfg, actor, reward, reward_cfg, fns, tokenizer, share, timeline, log) \
-            if placement.hosts_engines else None
+        def rollouts_for(run_cfg: Config) -> Rollouts:
+            return make_rollouts(run_cfg, actor, reward, reward_cfg, fns, tokenizer, share, timeline, log)
+
+        rollouts = rollouts_for(cfg) if placement.hosts_engines else None
         sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
                                           # the session's rollout phase of the moment (the bench builds a fresh one per mode)
                                           quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None,
@@ -271,7 +274,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
                           RunState(), sharing, out_dir, log, rollouts,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
-                          timeline=timeline, tp_exchange=tp)
+                          timeline=timeline, tp_exchange=tp,
+                          rollouts_for=rollouts_for if placement.hosts_engines else None)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)

@@ -96,6 +96,8 @@ class Session:
     timeline: Any = None  # colocate.engine.timeline.Timeline when run.timeline (rank 0), else None
     _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
     tp_exchange: Any = None  # colocate.tp_exchange.TPExchange with engines.tp_size > 1 (every rank), else None
+    # builds the rollout phase of a config on this rank's engines (builder.make_rollouts); None without engines
+    rollouts_for: Callable[[Config], Any] | None = None
 
     @property
     def stop_ids(self) -> list[int]:
@@ -267,6 +269,24 @@ class Session:
             return
         self.state.weight_version -= 1  # push_weights counts it up again
         self.timesharing.wake_and_sync(self.gather_weights, self.push_weights)
+
+    def restart(self, cfg: Config, trainer_state: dict[str, Any], kl_state: dict[str, Any]) -> None:
+        """Back to step 0 under ``cfg`` on the same models and engines (the bench runs its
+        modes side by side this way): ``trainer_state`` and ``kl_state`` loaded, the weights
+        pushed as the next version, the reward engine's radix cache flushed, the rollout
+        phase built afresh for ``cfg``'s mode exactly as ``colocate train`` builds it."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+            self.rollouts = None
+        self.cfg = cfg
+        self.trainer.load_state_dict(trainer_state)
+        self.kl_ctl.load_state_dict(kl_state)
+        self.state = RunState(weight_version=self.state.weight_version)
+        self.sync_weights()
+        if self.reward_engine is not None:
+            self.reward_engine.flush_cache()
+        if self.rollouts_for is not None:
+            self.rollouts = self.rollouts_for(cfg)
 
     def close(self) -> None:
         if self.rollouts is not None:
