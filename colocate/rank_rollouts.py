@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from colocate.engine.rollout import group_member, sample_index
 from colocate.engine.scheduler import staleness_stats
 from colocate.placement import union_id
 from colocate.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
@@ -70,7 +71,7 @@ def _renamed(sample, rank: int, ranks: int, n: int):
     if sample.group is None:
         return dataclasses.replace(sample, index=union_id(sample.index, rank, ranks))
     group = union_id(sample.group, rank, ranks)
-    return dataclasses.replace(sample, index=group * n + sample.index % n, group=group)
+    return dataclasses.replace(sample, index=sample_index(group, group_member(sample.index, n)[1], n), group=group)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from colocate import checkpoint, faults, rank_rollouts, weight_sync
 from colocate.config import Config
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, group_member, sample_index
 from colocate.engine.timeline import mark
 from colocate.errors import ConfigError
 from colocate.placement import Placement
@@ -158,12 +158,13 @@ class Session:
             self.fault("engine", self.state.step + 1)
             self.fault("generate", self.state.step + 1)
         n = self.cfg.rollout.group_size
-        if index % n == 0:
+        group, member = group_member(index, n)
+        if member == 0:
             self.state.data_pos += 1
         pos = self.placement.position(self.state.data_base, self.state.data_pos - 1)
         prompt = self.prompts[pos % len(self.prompts)]
-        budget = response_budget(self.cfg.rollout, self.cfg.run.seed, pos * n + index % n)
-        return Sample(index, list(prompt.ids), budget, group=index // n if n > 1 else None, record=dict(prompt.record))
+        budget = response_budget(self.cfg.rollout, self.cfg.run.seed, sample_index(pos, member, n))
+        return Sample(index, list(prompt.ids), budget, group=group, record=dict(prompt.record))
 
     def sync_weights(self) -> float:
         """Push the trainer's actor weights to the engines as a new version (gather + push)."""

@@ -25,6 +25,19 @@ class PromptTooLongError(EngineError):
     """A prompt plus its token budget does not fit the engine's context."""
 
 
+def sample_index(group: int, member: int, n: int) -> int:
+    """The index of member ``member`` of group ``group`` (``n`` samples per group): samples
+    of one group are ``n`` consecutive indices, group g holding g·n … g·n + n - 1. The one
+    place this encoding lives (the session draws by it, the scheduler checks it, the ranks'
+    union renames by it)."""
+    return group * n + member
+
+
+def group_member(index: int, n: int) -> tuple[int | None, int]:
+    """(group, member) of sample ``index``; group None with ``n`` = 1 (a group of its own)."""
+    return (index // n if n > 1 else None), index % n
+
+
 @dataclasses.dataclass
 class Sample:
     """One response to a prompt, from the prompt to the trained batch: the prompt (ids and

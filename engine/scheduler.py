@@ -30,7 +30,7 @@ import math
 from typing import Any, Callable, Sequence
 
 from .errors import EngineConfigError, EngineError
-from .rollout import Sample
+from .rollout import Sample, group_member
 
 MakeSample = Callable[[int], "Sample | None"]  # index -> new sample, None when out of prompts
 
@@ -202,10 +202,11 @@ class LengthAwareScheduler:
                 sample = make_sample(self.next_index)
                 if sample is None and j == 0:  # out of prompts
                     return out
-                group_ok = n == 1 or (sample is not None and sample.group == self.next_index // n)
+                group = group_member(self.next_index, n)[0]
+                group_ok = n == 1 or (sample is not None and sample.group == group)
                 if sample is None or sample.index != self.next_index or sample.output_ids or not group_ok:
                     got = "nothing" if sample is None else f"sample {sample.index} (group {sample.group}, {len(sample.output_ids)} tokens)"
-                    want = f" in group {self.next_index // n}" if n > 1 else ""
+                    want = f" in group {group}" if n > 1 else ""
                     raise EngineError(f"scheduler: make_sample({self.next_index}) returned {got}; expected a fresh "
                                       f"sample with the index it was given{want}")
                 self.next_index += 1

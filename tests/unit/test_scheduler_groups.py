@@ -125,3 +125,13 @@ def test_group_size_one_is_the_per_sample_schedule():
         run(sched, plan, [3, 1], partial=[0])
     assert [vars(s) for s in plain.deferred] == [vars(s) for s in ones.deferred]
     assert [s.index for s in plain.plan(lambda i: Sample(i, [1, i], 8), 1).launch] == [0, 2, 4, 5]
+
+
+def test_group_member_encoding_round_trips():
+    from colocate.engine.rollout import group_member, sample_index
+
+    for n in (1, 2, 4):
+        for index in range(20):
+            group, member = group_member(index, n)
+            assert sample_index(index // n, member, n) == index and 0 <= member < n
+            assert group == (index // n if n > 1 else None)  # n = 1: each sample is a group of its own
