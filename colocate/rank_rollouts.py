@@ -96,8 +96,8 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
     ``(base, states, note)``. Same count: unchanged (note None). Otherwise every stream
     restarts at the first position no old rank reached (a few prompts of the slower ranks'
     streams are skipped), the deferred groups are dealt round-robin, oldest first, under
-    fresh local indices, and the Δ controller and chunk tuner of the old first rank go to
-    every rank; ``note`` says what moved."""
+    fresh local indices, and the Δ controller, chunk tuner (and auto's picker) of the old
+    first rank go to every rank; ``note`` says what moved."""
     if len(states) == ranks:
         return base, list(states), None
     old = len(states)
@@ -117,12 +117,13 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
     out = []
     for r in range(ranks):
         mine = [members for i, (_, members) in enumerate(groups) if i % ranks == r]
-        deferred = [dict(d, index=j * group_size + m, group=j if group_size > 1 else None)
+        deferred = [dict(d, index=sample_index(j, m, group_size), group=group_member(sample_index(j, m, group_size),
+                                                                                group_size)[0])
                     for j, members in enumerate(mine) for m, d in enumerate(sorted(members, key=lambda d: d["index"]))]
         scheduler = {"next_index": len(mine) * group_size, "deferred": deferred,
                      "dropped_total": sum(o["scheduler"]["dropped_total"] for o in overlaps if o) if r == 0 else 0,
                      "delta": first["scheduler"]["delta"]}
-        out.append(rank_state(0, {"scheduler": scheduler, "tuner": first["tuner"]}))
+        out.append(rank_state(0, {**first, "scheduler": scheduler}))  # tuner, picker, score scaling: the first's
     moved = sum(len(m) for _, m in groups)
     return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
                            f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")

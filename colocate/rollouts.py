@@ -156,17 +156,16 @@ class Rollouts:
             run_guarded([self.actor, self.reward_engine], self._feeder.drain())
 
     def close(self) -> None:
-        loop = self.actor.loop
         if len(self.live) and self.actor.alive():  # a dead engine's requests went with it
             run_guarded([self.actor], self.live.discard(self.actor))
         if self._feeder_task is not None:
             self._feeder_stop.set()
-            loop.run_until_complete(asyncio.wait([self._feeder_task], timeout=5))
+            self.actor.loop.run_until_complete(asyncio.wait([self._feeder_task], timeout=5))
         if self._feeder_proc is not None:
             self._feeder_proc.kill()
             self._feeder_proc.wait(timeout=30)
         if self.client is not None:
-            loop.run_until_complete(self.client.__aexit__(None, None, None))
+            self.actor.loop.run_until_complete(self.client.__aexit__(None, None, None))
         if self._tmp is not None:
             self._tmp.cleanup()
 

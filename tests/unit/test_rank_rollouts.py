@@ -147,6 +147,15 @@ def test_more_ranks_share_the_deferred_samples_round_robin():
     assert all(s["overlap"]["tuner"]["best"] == 32 and s["overlap"]["scheduler"]["delta"]["delta"] == 2 for s in states)
 
 
+def test_redistribution_keeps_the_score_scaling_and_pickers_state():
+    """A deferred score is a reward (reward.scale applied) in checkpoints that say so: the
+    flag travels with the samples, or a resume on another world size would scale them twice."""
+    one = {**_overlap_state([_sample(i) for i in (4, 5)], next_index=6), "scores_scaled": True,
+           "auto": {"costs": {"sequential": [1.0]}}}
+    _, states, _ = rank_rollouts.redistribute(0, [rank_rollouts.rank_state(6, one)], 2, 1)
+    assert all(s["overlap"]["scores_scaled"] is True and s["overlap"]["auto"] == one["auto"] for s in states)
+
+
 def test_sequential_checkpoints_only_move_the_prompt_streams():
     base, states, note = rank_rollouts.redistribute(0, [rank_rollouts.rank_state(4, None)] * 2, 1, 1)
     assert (base, states) == (8, [rank_rollouts.rank_state(0, None)]) and "prompts continue from position 8" in note

@@ -70,3 +70,25 @@ def test_model_scores_through_the_feeder_process_name_each_sample():
 def test_a_nan_from_a_function_stays_nan():
     scorer = Scorer(fns=(lambda r, t: float("nan"),), decode=lambda ids: "")
     assert math.isnan(_run(scorer.reward(_sample(0, []), 1.0)))
+
+
+def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
+    """Checkpoints written before the reward included reward.scale hold unscaled deferred
+    scores: scaled on load; newer ones (``scores_scaled``) load as they are."""
+    import dataclasses
+
+    from colocate.config import load_config
+    from colocate.rollouts import Rollouts
+
+    cfg = load_config(overrides=["reward.scale=2.0"])
+    done = _sample(0, [5, 6])
+    done.finish_reason, done.score = "stop", 1.5
+    partial = _sample(1, [7])  # not finished: no score yet
+    for flag, want in (({}, 3.0), ({"scores_scaled": True}, 1.5)):
+        rollouts = Rollouts(cfg, None, None, None)  # sequential: no engine needed to hold state
+        saved = rollouts.state_dict()
+        saved["scheduler"]["deferred"] = [dataclasses.asdict(done), dataclasses.asdict(partial)]
+        saved.pop("scores_scaled")
+        rollouts.load_state_dict({**saved, **flag})
+        assert [s.score for s in rollouts.scheduler.deferred] == [want, None]
+        rollouts.close()
