@@ -131,8 +131,8 @@ def configs(conv: ConvergenceOptions, base_overrides: Sequence[str], out: Path) 
 
 def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None], name: str = "") -> dict[str, Any]:
     """One ``colocate train`` run; its metrics, evaluations and per-step others' load."""
-    from colocate import builder, loop
-    from colocate.metrics import read
+    from colocate.run import builder, loop
+    from colocate.monitor.metrics import read
 
     session = builder.build(cfg, log=lambda m: None)
     tracker = _LoadTracker(guard)

@@ -69,7 +69,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from colocate.model_aliases import model_aliases
+    from colocate.assets.model_aliases import model_aliases
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
     path = str(model_aliases()[args.model]()) if args.model in model_aliases() else args.model

@@ -2,12 +2,12 @@
 
     python -m colocate.bench.lora_sync --shape smollm2-135m --rank 16 --repeats 5 --out runs/lora-sync
 
-On a random-weight model of the shape (``colocate.models.MODEL_SHAPES``; or ``--model``) with
+On a random-weight model of the shape (``colocate.assets.models.MODEL_SHAPES``; or ``--model``) with
 the trainer's PEFT adapters (``colocate.trainer.lora``, all-linear by default), every
 repeat draws new adapter values (A and B non-zero) and syncs them into an engine:
 
 * ``merged``: an ordinary actor engine; the merged weights W + alpha/r * B @ A of the
-  adapted linears pushed in buckets through ``colocate.weight_sync.sync`` (the trainer's
+  adapted linears pushed in buckets through ``colocate.run.weight_sync.sync`` (the trainer's
   path: merge, cut, ``SglangEngine.update_weights``);
 * ``lora_serving``: an engine started with LoRA (``colocate.engine.lora_serving``; the
   torch_native kernels on CPU, SGLang's default csgmv on CUDA); the adapter tensors
@@ -116,7 +116,7 @@ def spread(xs: list[float]) -> dict[str, float]:
 def run_mode(mode: str, path: str, peft_model, opts: argparse.Namespace, prompts: list[list[int]],
              probe: list[int], log: Callable[[str], None]) -> dict[str, Any]:
     """Start the mode's engine, then per repeat: new adapter values, sync, probe, generate."""
-    from colocate import weight_sync
+    from colocate.run import weight_sync
     from colocate.engine import lora_serving
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
@@ -199,7 +199,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from colocate.models import MODEL_SHAPES
+    from colocate.assets.models import MODEL_SHAPES
 
     ap = argparse.ArgumentParser(prog="python -m colocate.bench.lora_sync", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from colocate.models import build_shaped_causal_lm
+    from colocate.assets.models import build_shaped_causal_lm
     from colocate.trainer.lora import LoraSettings, add_lora
 
     with tempfile.TemporaryDirectory(prefix="colocate-lora-sync-") as tmp:

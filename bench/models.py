@@ -10,7 +10,7 @@ are nearly parallel, cosine ~0.94), scaled so that every position ends the respo
 probability ~1/mean_tokens: geometric response lengths decided by EOS, as with a real
 instruct model, for colocate and TRL alike. The pad and BOS rows point the other way, so
 the model never samples them (colocate also stops at pad; TRL stops at EOS only).
-Leaves out: real models (``colocate.models``), rewards.
+Leaves out: real models (``colocate.assets.models``), rewards.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ MARKER = "bench_eos.json"
 def small_models(root: Path) -> tuple[str, str]:
     """A small random Llama actor and reward model (SmolLM2-like width, few layers):
     throughput mechanics without the cost of real weights. Built once per folder."""
-    from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+    from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 
     actor, rm = root / "small-actor", root / "small-rm"
     if not (actor / "config.json").is_file():
@@ -64,7 +64,7 @@ def eos_prone_actor(base: str, root: Path, mean_tokens: int) -> str:
 
 def _final_hidden_states(model, tokenizer, prompts: int = 4, tokens: int = 64) -> torch.Tensor:
     """Final-norm hidden states at the positions of a few sampled responses: [N, H]."""
-    from colocate.tasks import chat_prompt_ids
+    from colocate.assets.tasks import chat_prompt_ids
 
     ids = torch.tensor([chat_prompt_ids(tokenizer, "Answer the question and explain your reasoning step by step.")])
     states = []

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.workloads import mode_spec
 from colocate.config import Config
-from colocate.metrics import rss_mb
+from colocate.monitor.metrics import rss_mb
 
 
 def _mode_cfg(cfg: Config, mode: str) -> Config:
@@ -34,7 +34,7 @@ def _mode_cfg(cfg: Config, mode: str) -> Config:
 
 
 class _Sessions:
-    """One session per engine thread budget (``colocate.builder.engine_threads``): on CPU
+    """One session per engine thread budget (``colocate.run.builder.engine_threads``): on CPU
     the streamed modes run their two engines on half the cores each, the others on all of
     them, exactly as ``colocate train`` would start them. Built on first use and kept so
     modes interleave without restarts, unless a second one would not fit in the free RAM
@@ -54,14 +54,14 @@ class _Sessions:
         runs SGLang's overlap scheduler (off under pause_mode=in_place)."""
         import os
 
-        from colocate import builder
+        from colocate.run import builder
 
         cfg = _mode_cfg(self.cfg, mode)
         actor, reward = builder.engine_threads(cfg, len(os.sched_getaffinity(0)))
         return actor, reward, builder.actor_overlap_schedule(cfg)
 
     def get(self, mode: str):
-        from colocate import builder
+        from colocate.run import builder
 
         key = self.key(mode)
         if key not in self.built:
@@ -143,7 +143,7 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
 def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | None,
              progress: Callable[[str], None], journal: Path | None = None) -> list[dict[str, Any]]:
     """One warm-up step (caches, allocator, first chunk tuning), then ``steps`` measured ones."""
-    from colocate import loop
+    from colocate.run import loop
 
     loop.step(session)
     _events(session)  # the warm-up's: not measured

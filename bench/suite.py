@@ -140,7 +140,7 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
 
 def environment() -> dict[str, str]:
     """Where and on what the numbers were taken: date, commit, versions, device, cores."""
-    from colocate.doctor import collect_facts
+    from colocate.tools.doctor import collect_facts
 
     root = Path(__file__).resolve().parents[1]
     git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)

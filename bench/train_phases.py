@@ -3,8 +3,8 @@
     python -m colocate.bench.train_phases --device cuda --shape smollm2-135m --out runs/train-phases
     torchrun --nproc_per_node 2 -m colocate.bench.train_phases --device cuda ...   # one rank per GPU
 
-Runs the trainer's part of colocate's step (``colocate.loop``) in the loop's order on
-random-weight models of a named shape (``colocate.models.MODEL_SHAPES``; weights do not
+Runs the trainer's part of colocate's step (``colocate.run.loop``) in the loop's order on
+random-weight models of a named shape (``colocate.assets.models.MODEL_SHAPES``; weights do not
 change a step's time or memory) and synthetic rollouts of a fixed shape:
 onload -> ref -> old_logp -> values -> advantages -> critic -> actor -> sync_gather (the
 FSDP all-gather of the actor's full weights into host memory, as the weight sync does
@@ -151,9 +151,9 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
     """Build the trainer, run warmup + timed steps, and summarise (on every rank; rank 0 logs)."""
     import torch.distributed as tdist
 
-    from colocate.builder import make_trainer
+    from colocate.run.builder import make_trainer
     from colocate.config import load_config
-    from colocate.models import build_shaped_causal_lm
+    from colocate.assets.models import build_shaped_causal_lm
     from colocate.trainer.distributed import init_distributed
 
     dist = init_distributed(opts.device)
@@ -256,7 +256,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from colocate.models import MODEL_SHAPES
+    from colocate.assets.models import MODEL_SHAPES
 
     ap = argparse.ArgumentParser(prog="python -m colocate.bench.train_phases", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -91,7 +91,7 @@ def workload_overrides(preset: Preset, workload: str) -> list[str]:
 def workload_reward_fns(cfg) -> list:  # noqa: ANN001 - colocate.config.Config
     """Rule rewards added to the reward model's score: a reasoning-gym source's own scorer
     (1 for a correct answer), so every mode, streamed ones included, scores RM + rule."""
-    from colocate.tasks import REASONING_GYM_PREFIX, reasoning_gym_reward
+    from colocate.assets.tasks import REASONING_GYM_PREFIX, reasoning_gym_reward
 
     if cfg.reward.kind == "model" and cfg.data.source.startswith(REASONING_GYM_PREFIX):
         return [reasoning_gym_reward(cfg.data.source.removeprefix(REASONING_GYM_PREFIX))]

@@ -6,7 +6,7 @@
     summary = api.train(cfg, reward_fns=[lambda record, text: len(text) / 100])
 
 Owns: the public entry points and the :class:`Summary` a run returns. Leaves out: the
-step (``colocate.loop``) and construction (``colocate.builder``).
+step (``colocate.run.loop``) and construction (``colocate.run.builder``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
-from colocate.model_aliases import model_aliases
-from colocate.progress import Progress
+from colocate.assets.model_aliases import model_aliases
+from colocate.monitor.progress import Progress
 
 
 def prepare(with_reward_model: bool = True) -> dict[str, Path]:
@@ -55,7 +55,7 @@ class Summary:
     def describe(self) -> str:
         if not self.history:
             return f"no steps run; output in {self.out_dir}"
-        from colocate.metrics import run_summary
+        from colocate.monitor.metrics import run_summary
 
         s = run_summary(self.history, self.evals)
         k = max(1, min(5, sum("reward_mean" in h for h in self.history) // 4))
@@ -112,17 +112,17 @@ def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | 
     an HF folder that transformers and SGLang load (a LoRA run's merged); default
     ``<run>/export/actor_step_*``. ``adapter``: a LoRA run's adapters also as a PEFT
     adapter folder there."""
-    from colocate.export import export_actor as export
+    from colocate.tools.export import export_actor as export
 
     return export(run, out, adapter=adapter)
 
 
 def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
     """Responses of ``model`` (a run folder, checkpoint, model folder or alias) to ``prompts``
-    -> ``colocate.sample.Generation`` items; ``options``: `colocate.sample.SampleOptions` fields
+    -> ``colocate.tools.sample.Generation`` items; ``options``: `colocate.tools.sample.SampleOptions` fields
     (max_new_tokens, temperature, top_p, seed, device, dtype, chat)."""
-    from colocate.guards import check_main_guard
-    from colocate.sample import SampleOptions, generate as sample
+    from colocate.run.guards import check_main_guard
+    from colocate.tools.sample import SampleOptions, generate as sample
 
     check_main_guard(sys.modules["__main__"], "colocate.api.generate")
     return sample(str(model), list(prompts), SampleOptions(**options))
@@ -133,17 +133,17 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     """Run PPO as configured. ``reward_fns(record, text)`` (sync or async) add to the reward
     model's score (or replace it with ``reward.kind=rule``); ``callbacks`` get each step's
     metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
-    keep that run's models and data (``colocate.resume.FIXED``;
-    ``colocate.resume.load_run_config`` gives the run's own config)."""
-    from colocate import builder, loop
-    from colocate.guards import check_main_guard
-    from colocate.metrics import read
+    keep that run's models and data (``colocate.run.resume.FIXED``;
+    ``colocate.run.resume.load_run_config`` gives the run's own config)."""
+    from colocate.run import builder, loop
+    from colocate.run.guards import check_main_guard
+    from colocate.monitor.metrics import read
 
     check_main_guard(sys.modules["__main__"])
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))
     if resume is not None:
-        from colocate.resume import check_resume
+        from colocate.run.resume import check_resume
 
         check_resume(cfg, resume, log)  # before any engine starts
     session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log)

@@ -13,7 +13,7 @@ import sys
 import click
 
 from colocate.errors import USER_ERRORS, ColocateError
-from colocate.sample import SampleOptions
+from colocate.tools.sample import SampleOptions
 
 
 def _friendly(fn):
@@ -80,7 +80,7 @@ def train(config, overrides, resume, print_config, nproc):
     """
     from colocate import api, launch
     from colocate.config import dump_yaml, load_config
-    from colocate.resume import load_run_config
+    from colocate.run.resume import load_run_config
 
     cfg = load_run_config(resume, config, overrides) if resume else load_config(config, list(overrides))
     if print_config:
@@ -272,7 +272,7 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
 def doctor(no_smoke, device):
     """Print device, versions, the CPU op stand-in status and the model cache, then
     start and stop a tiny SGLang engine as a smoke test."""
-    from colocate import doctor as doc
+    from colocate.tools import doctor as doc
 
     report = doc.run(device=device, smoke=not no_smoke, progress=lambda m: click.echo(m, err=True))
     width = max(len(k) for k in report.facts)

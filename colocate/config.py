@@ -163,7 +163,7 @@ class OverlapConfig:
     max_staleness: int = 1  # mask: train on tokens at most this many versions old
     drop_staleness: int = 4  # a deferred sample (partial or complete) whose oldest token is older is dropped
     # mode=auto: each step runs one of auto_modes, picked by measuring them online
-    # (colocate/auto_mode.py): after a warm-up step each runs auto_trials steps, then the
+    # (colocate/rollout/auto_mode.py): after a warm-up step each runs auto_trials steps, then the
     # one with the fewest rollout seconds per trained sample (an overlap only when it beats
     # sequential by auto_margin), and every auto_explore_every steps each runs once more
     auto_modes: str = "sequential,intra,inter,oppo"

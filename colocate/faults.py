@@ -12,7 +12,7 @@ flushed to disk) before it acts, so ``colocate train --resume DIR`` of the same 
 it and stops at the next one: one config and one launch per fault (the fault matrix in
 ``tests/integration/test_fault_matrix.py``).
 
-Leaves out: where the points are called (``colocate.loop``, ``colocate.session``).
+Leaves out: where the points are called (``colocate.run.loop``, ``colocate.run.session``).
 """
 
 from __future__ import annotations

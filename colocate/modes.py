@@ -4,9 +4,9 @@ Owns: :class:`Mode` — ``streams`` (intra-step overlap: the response is scored 
 chunk through the reward feeder while it is generated) and ``defers`` (inter-step
 overlap: B + Δ samples launched, the first B/n complete groups trained, the stragglers
 carried into the next step with their partial tokens) — and the four modes. Every mode
-runs through one rollout path (``colocate.rollouts``); sequential is its plain schedule
+runs through one rollout path (``colocate.rollout.rollouts``); sequential is its plain schedule
 (Δ = 0, scoring after generation). Leaves out: ``overlap.mode=auto``'s picking
-(``colocate.auto_mode``) and the Δ policy's knobs (``overlap.delta_*``).
+(``colocate.rollout.auto_mode``) and the Δ policy's knobs (``overlap.delta_*``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from .streamed import Chunker, ScoreClient
 from .timeline import Timeline, mark
 
 # (finished sample, its streamed reward-model score or None, request id prefix, step) -> its
-# reward (``colocate.scoring.Scorer``: a one-shot model score when none streamed, reward
+# reward (``colocate.rollout.scoring.Scorer``: a one-shot model score when none streamed, reward
 # functions, reward.scale); without one a sample's reward is its streamed score (or 0.0)
 SampleScore = Callable[[Sample, "float | None", str, int], Awaitable[float]]
 

@@ -14,7 +14,7 @@ SGLANG_VERSION=0.5.23
 
 if [[ "${COLOCATE_DEVICE:-auto}" == "cuda" ]] || { [[ "${COLOCATE_DEVICE:-auto}" == "auto" ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
   echo "[install] CUDA machine: sglang==$SGLANG_VERSION with its CUDA requirements"
-  $PY colocate/nvidia_driver.py  # one line; exit 1 when the driver is older than CUDA 13 needs (580)
+  $PY colocate/tools/nvidia_driver.py  # one line; exit 1 when the driver is older than CUDA 13 needs (580)
   $PIP "sglang==$SGLANG_VERSION"
 else
   echo "[install] CPU machine: torch 2.14.1 + torchvision 0.29.1, sglang==$SGLANG_VERSION without CUDA-only requirements"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 
 CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
 

@@ -107,7 +107,7 @@ def init_distributed(
 def local_device_index(local_rank: int, visible: int) -> int:
     """The CUDA device index of the process with ``local_rank`` on its node when it sees
     ``visible`` devices: the one rule of the trainer's device and its engines' first GPU
-    (``colocate.placement``). Every device visible: its own (``local_rank``); one device
+    (``colocate.run.placement``). Every device visible: its own (``local_rank``); one device
     per process (``CUDA_VISIBLE_DEVICES`` set per rank by a launcher): 0, the only one."""
     return local_rank % visible if visible > 0 else local_rank
 

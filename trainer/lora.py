@@ -9,7 +9,7 @@ serves; every other tensor is the frozen base the engine already holds).
 Leaves out: sharding (`trainer/distributed.py`: it finds the decoder layers under the
 PEFT wrapper), the reference pass with the adapters disabled and the checkpoint of the
 trainable tensors (`trainer/ppo_trainer.py`, `trainer/optim.py`), writing an adapter
-folder (`colocate/export.py`).
+folder (`colocate/tools/export.py`).
 
 Names: PEFT wraps a causal LM as ``base_model.model.<HF name>``; an adapted linear
 ``<m>`` holds ``<m>.base_layer.weight`` (frozen), ``<m>.lora_A.default.weight`` [r, in]

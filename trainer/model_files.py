@@ -2,7 +2,7 @@
 
 Owns: :func:`model_architecture` (``architectures[0]`` of ``config.json``), shared by the
 trainer (critic from a causal LM) and colocate's model preparation.
-Leaves out: loading weights (transformers), where folders come from (``colocate.models``).
+Leaves out: loading weights (transformers), where folders come from (``colocate.assets.models``).
 """
 
 from __future__ import annotations

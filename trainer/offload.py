@@ -14,7 +14,7 @@ are replaced in the optimizer's state dicts. A DTensor's host buffer is itself a
 shard) filled by ``copy_``: only the local shard moves. Copies are asynchronous;
 `offload` and `onload` synchronise before they return.
 
-Leaves out: when to move (``colocate/timesharing.py``). Notes: buffers (e.g. rotary
+Leaves out: when to move (``colocate/run/timesharing.py``). Notes: buffers (e.g. rotary
 tables) are small and move plainly; a parameter whose local shard FSDP2 had to pad
 (uneven sharding over ranks) is re-padded by FSDP2 into ordinary host memory, which is
 correct, only not pinned.

@@ -5,7 +5,7 @@ keys) and the derived values (`critic_source`, `torch_dtype`, `attn_implementati
 `token_budget`).
 
 Leaves out: what the knobs do (`trainer/ppo_trainer.py`, `trainer/forward.py`,
-`trainer/packing.py`) and how a run's config maps onto them (`colocate/builder.py`).
+`trainer/packing.py`) and how a run's config maps onto them (`colocate/run/builder.py`).
 """
 
 from __future__ import annotations

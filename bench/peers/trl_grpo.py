@@ -200,7 +200,7 @@ def _load_models(actor_path: str, reward_path: str, pad_id: int) -> dict[str, An
 
 
 def _prompt_dataset(prompts: list[str]) -> Any:
-    """Prompts as single user turns: TRL applies the chat template as `colocate.tasks.chat_prompt_ids` does."""
+    """Prompts as single user turns: TRL applies the chat template as `colocate.assets.tasks.chat_prompt_ids` does."""
     from datasets import Dataset  # deferred: installed with trl, like it
 
 

@@ -212,7 +212,7 @@ def _prompt_dataset(tokenizer: Any, prompts: list[str]) -> Any:
     """Prompts as chat-formatted token ids, tokenized exactly as colocate does."""
     from datasets import Dataset
 
-    from colocate.tasks import chat_prompt_ids
+    from colocate.assets.tasks import chat_prompt_ids
 
     return Dataset.from_dict({"input_ids": [chat_prompt_ids(tokenizer, p) for p in prompts]})
 
@@ -329,7 +329,7 @@ def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def prompt_texts(source: str, n: int, seed: int) -> list[str]:
     """The first `n` prompts of colocate's prompt `source`, shuffled under `seed` as colocate draws them."""
-    from colocate.tasks import load_prompt_source
+    from colocate.assets.tasks import load_prompt_source
 
     return [p.text for p in load_prompt_source(source, n, seed)]
 

@@ -31,7 +31,7 @@ def served_equals_trainer(session, state: dict[str, torch.Tensor]) -> bool:
 
 
 def run(spec: dict) -> dict:
-    from colocate import builder, loop
+    from colocate.run import builder, loop
     from colocate.config import load_config
 
     logs: list[str] = []

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from colocate import api, checkpoint
+from colocate import api
+from colocate.run import checkpoint
 from colocate.config import load_config
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
     import collections
     import json
 
-    from colocate.tasks import load_prompt_source
+    from colocate.assets.tasks import load_prompt_source
 
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"Tell me about topic {i}.", "id": i}) + "\n" for i in range(12)))

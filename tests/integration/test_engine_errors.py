@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from colocate.models import build_tiny_bidirectional_model
+from colocate.assets.models import build_tiny_bidirectional_model
 from colocate.engine.runtime import EngineConfig, EngineStartError, SglangEngine
 
 

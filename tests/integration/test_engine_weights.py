@@ -155,7 +155,7 @@ def test_a_lora_sync_pushes_only_the_adapted_linears_and_serves_the_merged_model
     import torch.distributed as dist
     from peft import get_peft_model
 
-    from colocate import weight_sync
+    from colocate.run import weight_sync
     from colocate.trainer.distributed import init_distributed
     from colocate.trainer.lora import LoraSettings
     from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings

@@ -10,10 +10,11 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from colocate import api, checkpoint
+from colocate import api
+from colocate.run import checkpoint
 from colocate.cli import main
 from colocate.config import load_config
-from colocate.tasks import chat_prompt_ids
+from colocate.assets.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["tell me about rainy days", "what is a good breakfast?"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 from tests.integration.test_rank_failure import _launch as _train  # colocate train, timed
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,9 @@ import random
 
 import pytest
 
-from colocate import api, builder, checkpoint
-from colocate import loop as ppo_loop
+from colocate import api
+from colocate.run import builder, checkpoint
+from colocate.run import loop as ppo_loop
 from colocate.config import load_config
 from colocate.engine import rollout
 from colocate.engine.rollout import Sample

@@ -6,8 +6,8 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
-from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
-from colocate.rollout_phase import response_budget
+from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.rollout.rollout_phase import response_budget
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
     if mode != "intra":
         assert any(h["overlap/deferred"] > 0 for h in hist)  # B+Δ launched, stragglers kept
         assert any(h["overlap/resumed"] > 0 for h in hist[1:])
-    from colocate import checkpoint
+    from colocate.run import checkpoint
 
     _, parts = checkpoint.load(checkpoint.latest(tmp_path / mode))
     [rank] = parts["rollout"]["ranks"]  # one engine rank
@@ -75,7 +75,7 @@ def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models,
     for prev, h in zip(hist, hist[1:]):
         if prev["overlap/deferred"] and not h["overlap/auto_deferral"]:
             assert h["overlap/deferred"] == 0  # what deferral left (<= Δ < B) is finished first
-    from colocate import checkpoint
+    from colocate.run import checkpoint
 
     every = api.train(config(models, out, "run.steps=8", *extra), quiet=True, resume=out).history
     assert [h["step"] for h in every] == list(range(1, 9))  # the run's whole history

@@ -13,7 +13,7 @@ from colocate.engine import oppo, reward, rollout
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
 from colocate.engine.streamed import ScoreClient
-from colocate.scoring import Scorer
+from colocate.rollout.scoring import Scorer
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -111,7 +111,7 @@ def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
 def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_rm_path, tmp_path, how, needle):
     """SIGKILL: the feeder is gone; SIGSTOP: it is alive but silent (a hang). Either way the
     step fails within the feeder timeout with one line, and nothing waits forever."""
-    from colocate import builder, loop as ppo_loop
+    from colocate.run import builder, loop as ppo_loop
     from colocate.config import load_config
     from colocate.engine.streamed import FeederLostError
 
@@ -151,7 +151,8 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
     training steps and evaluations alternate on one feeder."""
     import math
 
-    from colocate import builder, evaluation, loop as ppo_loop
+    from colocate.run import builder, loop as ppo_loop
+    from colocate.rollout import evaluation
     from colocate.config import load_config
 
     def session(feeder, *extra):

@@ -9,7 +9,7 @@ import torch
 
 from colocate import api
 from colocate.config import load_config
-from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def config(models, out_dir, *extra):
 
 
 def test_three_steps_sync_weights_and_learn_something(models, tmp_path):
-    from colocate import builder, loop
+    from colocate.run import builder, loop
 
     cfg = config(models, tmp_path / "run", "run.steps=3")
     session = builder.build(cfg, log=lambda m: None)

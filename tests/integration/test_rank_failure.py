@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

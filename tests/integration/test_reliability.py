@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colocate import api, builder, checkpoint
-from colocate import loop as ppo_loop
+from colocate import api
+from colocate.run import builder, checkpoint
+from colocate.run import loop as ppo_loop
 from colocate.config import load_config
 from colocate.engine.runtime import EngineDiedError
 

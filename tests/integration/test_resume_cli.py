@@ -18,8 +18,8 @@ import psutil
 import pytest
 import torch.distributed as torch_dist
 
-from colocate import builder, checkpoint, resume
-from colocate.checkpoint import CheckpointError
+from colocate.run import builder, checkpoint, resume
+from colocate.run.checkpoint import CheckpointError
 from colocate.config import load_config
 from colocate.trainer.distributed import init_distributed
 

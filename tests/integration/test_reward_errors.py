@@ -1,7 +1,7 @@
 """A reward request that fails fails the step, in every mode, on real SGLang (CPU, tiny
 models): a reward model of context 64 refuses a prompt + response longer than that.
 
-The start-up check (colocate/preflight.py) refuses such a configuration before any engine
+The start-up check (colocate/run/preflight.py) refuses such a configuration before any engine
 starts. The run-time path is what it cannot see; here: prompts that grow after the start
 (the session's prompt list swapped after step 1 for longer ones, as a dataset whose later
 prompts are longer would). Step 2 then fails with one line within the feeder timeout, the
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colocate import builder, checkpoint
-from colocate import loop as ppo_loop
+from colocate.run import builder, checkpoint
+from colocate.run import loop as ppo_loop
 from colocate.config import load_config
 from colocate.engine import oppo
 from colocate.engine.errors import RewardRequestError
@@ -29,10 +29,10 @@ from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
 from colocate.engine.runtime import EngineConfig, SglangEngine
 from colocate.engine.streamed import ScoreClient
-from colocate.models import build_tiny_reward_model
-from colocate.rollout_phase import Prompt, run_sequential
-from colocate.scoring import Scorer
-from colocate.tasks import chat_prompt_ids
+from colocate.assets.models import build_tiny_reward_model
+from colocate.rollout.rollout_phase import Prompt, run_sequential
+from colocate.rollout.scoring import Scorer
+from colocate.assets.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ def test_sequential_score_that_never_comes_ends_the_step_in_one_line(actor_engin
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, short_rm_path):
-    from colocate.models import build_tiny_causal_lm
+    from colocate.assets.models import build_tiny_causal_lm
 
     return str(build_tiny_causal_lm(tmp_path_factory.mktemp("actor") / "actor", seed=4)), short_rm_path
 
@@ -199,7 +199,7 @@ def test_start_up_check_refuses_the_run_before_any_engine(models, run_overrides,
     """The default prompts (up to 93 tokens) + 48 new tokens cannot fit a context of 64: refused
     while building, before SGLang is even imported."""
     overrides = run_overrides(models, tmp_path / "pre", "rollout.max_new_tokens=48", "run.eval_every=0")
-    code = ("import sys\nfrom colocate import builder\nfrom colocate.config import load_config\n"
+    code = ("import sys\nfrom colocate.run import builder\nfrom colocate.config import load_config\n"
             "from colocate.errors import ConfigError\n"
             f"cfg = load_config(overrides={overrides!r})\n"
             "try:\n    builder.build(cfg, log=lambda m: None)\nexcept ConfigError as exc:\n"

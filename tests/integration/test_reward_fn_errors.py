@@ -10,7 +10,7 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
-from colocate.reward_fns import RewardFnError
+from colocate.rollout.reward_fns import RewardFnError
 
 
 class FailsFromCall:

@@ -8,10 +8,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from colocate.models import MARKER_NAME, prepare_smollm2, smollm2_gguf_path
-from colocate.tasks import chat_prompt_ids, sentiment_prompts, vader_reward
-from colocate.distill_data import TextMaker
-from colocate.sentiment_rm import DistillConfig, pearson, prepare_sentiment_rm
+from colocate.assets.models import MARKER_NAME, prepare_smollm2, smollm2_gguf_path
+from colocate.assets.tasks import chat_prompt_ids, sentiment_prompts, vader_reward
+from colocate.assets.distill_data import TextMaker
+from colocate.assets.sentiment_rm import DistillConfig, pearson, prepare_sentiment_rm
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from colocate.models import MARKER_NAME, prepare_smollm2, smollm2_gguf_path
+from colocate.assets.models import MARKER_NAME, prepare_smollm2, smollm2_gguf_path
 
 pytestmark = pytest.mark.slow
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from colocate import api, builder
-from colocate import loop as ppo_loop
+from colocate import api
+from colocate.run import builder
+from colocate.run import loop as ppo_loop
 from colocate.config import load_config
-from colocate.guards import WeightVersionMismatchError
+from colocate.run.guards import WeightVersionMismatchError
 
 pytestmark = pytest.mark.slow
 SOAK_STEPS = 50

@@ -341,7 +341,7 @@ def test_offload_onload_round_trip_on_cuda(tiny_actor_path, host_offload):
 
 
 def _cuda_sync_order_worker(rank: int, init_method: str, actor_path: str) -> None:
-    from colocate.timesharing import TimeSharing
+    from colocate.run.timesharing import TimeSharing
 
     info = init_distributed("cuda", rank=rank, world_size=1, init_method=init_method)
     try:

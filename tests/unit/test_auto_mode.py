@@ -1,4 +1,4 @@
-"""overlap.mode=auto's picker (colocate/auto_mode.py): plain Python, driven by hand."""
+"""overlap.mode=auto's picker (colocate/rollout/auto_mode.py): plain Python, driven by hand."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from colocate.auto_mode import AutoPolicy, ModePicker
+from colocate.rollout.auto_mode import AutoPolicy, ModePicker
 from colocate.config import Config, ConfigError, load_config, validate
-from colocate.rollouts import auto_policy
+from colocate.rollout.rollouts import auto_policy
 
 
 def run(picker: ModePicker, cost: dict[str, float], steps: int, trained: int = 4) -> list[str]:
@@ -115,7 +115,7 @@ def test_auto_policy_leaves_out_streaming_without_a_reward_model():
 
 
 def test_auto_engines_get_every_core_like_sequential():
-    from colocate import builder
+    from colocate.run import builder
 
     for mode, want in (("sequential", (2, 2)), ("inter", (2, 2)), ("auto", (2, 2)), ("oppo", (1, 1))):
         assert builder.engine_threads(load_config(overrides=[f"overlap.mode={mode}"]), 2) == want

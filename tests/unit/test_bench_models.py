@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from colocate.bench.models import MARKER, eos_prone_actor
-from colocate.models import TINY_BOS_ID, TINY_EOS_ID, TINY_PAD_ID, build_tiny_causal_lm
+from colocate.assets.models import TINY_BOS_ID, TINY_EOS_ID, TINY_PAD_ID, build_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_eos_hazard_is_calibrated_and_the_folder_is_reused(eos_actor):
 def test_sampled_responses_end_at_eos_with_geometric_lengths(eos_actor):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from colocate.tasks import chat_prompt_ids
+    from colocate.assets.tasks import chat_prompt_ids
 
     tok, model = AutoTokenizer.from_pretrained(eos_actor), AutoModelForCausalLM.from_pretrained(eos_actor).eval()
     prompt = torch.tensor([chat_prompt_ids(tok, "How many legs do 3 spiders have?")] * 32)

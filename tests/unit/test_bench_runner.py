@@ -31,7 +31,7 @@ def test_peak_rss_counts_memory_this_process_held_and_gave_back():
     import gc
 
     from colocate.bench.runner import peak_rss_mb
-    from colocate.metrics import rss_mb
+    from colocate.monitor.metrics import rss_mb
 
     block = bytearray(300 * 2**20)  # 300 MiB resident, then freed
     block[:: 4096] = b"x" * len(block[:: 4096])

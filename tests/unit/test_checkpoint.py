@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from colocate import checkpoint
-from colocate.checkpoint import CheckpointError
+from colocate.run import checkpoint
+from colocate.run.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_missing_checkpoint_is_one_line(tmp_path):
 
 def test_writer_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
     checkpoint.save(tmp_path, 1, {"w": torch.ones(8)})
-    code = ("import sys, torch; sys.path.insert(0, %r); from colocate import checkpoint; "
+    code = ("import sys, torch; sys.path.insert(0, %r); from colocate.run import checkpoint; "
             "checkpoint.save(__import__('pathlib').Path(%r), 2, "
             "{f'p{i}': torch.randn(4_000_000) for i in range(40)})" % (str(ROOT), str(tmp_path)))
     proc = subprocess.Popen([sys.executable, "-c", code])

@@ -7,7 +7,7 @@ import pytest
 import dataclasses
 import json
 
-from colocate.builder import engine_configs, engine_threads
+from colocate.run.builder import engine_configs, engine_threads
 from colocate.config import load_config
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colocate.evaluation import due, split_held_out
+from colocate.rollout.evaluation import due, split_held_out
 
 
 def test_the_last_n_prompts_are_held_out_and_never_more_than_a_quarter():

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 from colocate.errors import ConfigError
-from colocate.export import default_out, export_actor
-from colocate.models import build_tiny_causal_lm
+from colocate.tools.export import default_out, export_actor
+from colocate.assets.models import build_tiny_causal_lm
 
 
 def _tied_base(tmp_path):

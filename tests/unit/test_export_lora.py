@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 from colocate.cli import main
 from colocate.config import load_config, to_dict
 from colocate.errors import ConfigError
-from colocate.export import export_actor
-from colocate.models import build_tiny_causal_lm
+from colocate.tools.export import export_actor
+from colocate.assets.models import build_tiny_causal_lm
 from colocate.trainer.lora import LoraSettings, add_lora
 from colocate.trainer.optim import build_adamw, full_training_state
 

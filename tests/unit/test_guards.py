@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.guards import (WeightVersionMismatchError, check_weight_versions, check_world_size)
+from colocate.run.guards import (WeightVersionMismatchError, check_weight_versions, check_world_size)
 
 
 def test_sequential_batch_must_be_all_current():
@@ -60,7 +60,7 @@ def test_cli_refuses_remote_code_model_in_one_line(tmp_path):
     from click.testing import CliRunner
 
     from colocate.cli import main
-    from colocate.models import build_tiny_causal_lm
+    from colocate.assets.models import build_tiny_causal_lm
 
     folder = build_tiny_causal_lm(tmp_path / "actor", seed=1)
     cfg = json.loads((folder / "config.json").read_text())
@@ -86,13 +86,13 @@ def _module(tmp_path, source: str, name: str = "__main__"):
     "import x\nif '__main__' == __name__:\n    x.train()\n",
 ])
 def test_a_guarded_script_passes(tmp_path, source):
-    from colocate.guards import check_main_guard
+    from colocate.run.guards import check_main_guard
 
     check_main_guard(_module(tmp_path, source))
 
 
 def test_an_unguarded_script_exits_with_one_line_naming_the_fix(tmp_path):
-    from colocate.guards import check_main_guard
+    from colocate.run.guards import check_main_guard
 
     with pytest.raises(SystemExit) as e:
         check_main_guard(_module(tmp_path, "from colocate import api\napi.train(cfg)\n"))
@@ -103,7 +103,7 @@ def test_an_unguarded_script_exits_with_one_line_naming_the_fix(tmp_path):
 def test_a_notebook_or_spawned_reimport():
     import types
 
-    from colocate.guards import check_main_guard
+    from colocate.run.guards import check_main_guard
 
     check_main_guard(types.ModuleType("__main__"))  # interactive: no __file__
     with pytest.raises(SystemExit, match="spawn"):
@@ -113,7 +113,7 @@ def test_a_notebook_or_spawned_reimport():
 def test_a_script_on_stdin_exits_with_one_line_naming_the_fix():
     import types
 
-    from colocate.guards import check_main_guard
+    from colocate.run.guards import check_main_guard
 
     main = types.ModuleType("__main__")
     main.__file__ = "<stdin>"  # what `python - < script.py` and a here-document leave

@@ -59,17 +59,55 @@ def _allowed(folder: str, filename: str, mod: str) -> bool:
     return folder == "colocate" and filename == "cli.py" and mod.startswith("colocate.bench")
 
 
+# colocate/'s rooms, top to bottom: a module imports its own room's modules and those of
+# lower rooms only (monitor and assets side by side: neither imports the other)
+ROOMS = {"entry": 5, "tools": 4, "run": 3, "rollout": 2, "monitor": 1, "assets": 1, "core": 0}
+ENTRY = {"cli", "api", "launch"}
+LOWER_LAYERS = ("colocate.engine", "colocate.trainer", "colocate.bench")
+
+
+def colocate_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """colocate/'s modules (``colocate.<room>.<module>``, or ``colocate.<module>`` at the
+    top) -> the colocate/ modules each imports (every import, lazy ones included; ``from
+    colocate.run import builder`` names the module ``colocate.run.builder``)."""
+    folder = root / "colocate"
+    names = {".".join(("colocate", *p.relative_to(folder).with_suffix("").parts)) for p in folder.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in folder.rglob("*.py"):
+        name = ".".join(("colocate", *path.relative_to(folder).with_suffix("").parts))
+        found = set()
+        for _, mod in imports_of(path, root):
+            if mod in names:
+                found.add(mod)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("colocate") and not node.level:
+                found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names}
+        graph[name] = {m for m in found if not m.startswith(LOWER_LAYERS) and m != name}
+    return graph
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 3:
+        return parts[1]
+    return "entry" if parts[-1] in ENTRY else "core"
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    bad = []
+    for src, targets in sorted(colocate_graph(root).items()):
+        if src.endswith("__init__"):
+            continue
+        for dst in sorted(targets):
+            a, b = room_of(src), room_of(dst)
+            if a != b and not ROOMS[b] < ROOMS[a] and not dst.endswith("__init__"):
+                bad.append(f"{src} ({a}) imports {dst} ({b})")
+    return bad
+
+
 def colocate_cycles() -> list[list[str]]:
     """Import cycles among colocate/'s own modules (every import, lazy ones included)."""
-    graph: dict[str, set[str]] = {}
-    for path in (ROOT / "colocate").glob("*.py"):
-        name = f"colocate.{path.stem}"
-        graph[name] = {m for _, m in imports_of(path) if m.startswith("colocate.") and m.count(".") == 1}
-    for path in (ROOT / "colocate").glob("*.py"):  # `from colocate import api` names a module
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "colocate" and not node.level:
-                graph[f"colocate.{path.stem}"] |= {f"colocate.{a.name}" for a in node.names}
+    graph = colocate_graph()
     cycles, seen = [], set()
 
     def visit(node: str, stack: list[str]) -> None:
@@ -97,13 +135,34 @@ def test_layer_check_catches_an_upward_import(tmp_path):
     for folder in ("engine", "trainer", "colocate"):
         (tmp_path / folder).mkdir()
     (tmp_path / "engine" / "ok.py").write_text("from .errors import EngineError\nimport asyncio\n")
-    (tmp_path / "engine" / "up.py").write_text("def f():\n    from colocate.session import Session\n")
+    (tmp_path / "engine" / "up.py").write_text("def f():\n    from colocate.run.session import Session\n")
     (tmp_path / "trainer" / "side.py").write_text("import sglang\nfrom colocate.engine import rollout\n")
     (tmp_path / "colocate" / "top.py").write_text("from colocate.engine.rollout import Sample\nimport bench.suite\n")
     found = violations(tmp_path)
-    assert found == ["engine/up.py:2 imports colocate.session", "trainer/side.py:1 imports sglang",
+    assert found == ["engine/up.py:2 imports colocate.run.session", "trainer/side.py:1 imports sglang",
                      "trainer/side.py:2 imports colocate.engine", "colocate/top.py:2 imports bench.suite"]
 
 
 def test_colocate_modules_have_no_import_cycle():
     assert colocate_cycles() == []
+
+
+def test_colocate_rooms_import_downward_only():
+    """entry (cli, api, launch) > tools > run > rollout > monitor | assets > core (config,
+    errors, faults, modes): every colocate/ module is in a room the layer order names."""
+    assert set(room_of(m) for m in colocate_graph()) <= set(ROOMS)
+    assert upward_imports() == []
+
+
+def test_room_check_catches_an_upward_import(tmp_path):
+    for room in ("run", "rollout", "assets", "monitor"):
+        (tmp_path / "colocate" / room).mkdir(parents=True)
+    (tmp_path / "colocate" / "config.py").write_text("from colocate.rollout import scoring\n")
+    (tmp_path / "colocate" / "rollout" / "scoring.py").write_text("def f():\n    from colocate.run.session import S\n")
+    (tmp_path / "colocate" / "run" / "session.py").write_text("from colocate.rollout.scoring import f\n")
+    (tmp_path / "colocate" / "assets" / "tasks.py").write_text("from colocate.monitor import metrics\n")
+    (tmp_path / "colocate" / "monitor" / "metrics.py").write_text("from colocate import config\n")
+    assert upward_imports(tmp_path) == [
+        "colocate.assets.tasks (assets) imports colocate.monitor.metrics (monitor)",
+        "colocate.config (core) imports colocate.rollout.scoring (rollout)",
+        "colocate.rollout.scoring (rollout) imports colocate.run.session (run)"]

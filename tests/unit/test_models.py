@@ -1,4 +1,4 @@
-"""colocate.models: tiny test models load in HF transformers, are seeded, and behave as promised."""
+"""colocate.assets.models: tiny test models load in HF transformers, are seeded, and behave as promised."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from colocate import models
+from colocate.assets import models
 from colocate.errors import USER_ERRORS, ModelSourceError
 
 torch.set_num_threads(1)

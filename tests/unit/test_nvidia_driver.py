@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from colocate.nvidia_driver import driver_note
+from colocate.tools.nvidia_driver import driver_note
 
-SCRIPT = Path(__file__).resolve().parents[2] / "colocate" / "nvidia_driver.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "colocate" / "tools" / "nvidia_driver.py"
 
 
 @pytest.mark.parametrize("output, ok, said", [
@@ -43,4 +43,4 @@ def test_install_sh_stops_on_an_old_driver_in_one_line(tmp_path):
     assert done.stdout.count("\n") == 1 and done.stdout.startswith("[install] NVIDIA driver: 550.54.15 is older than 580")
     fake.write_text("#!/bin/sh\necho 580.82.07\n")
     assert subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, env=env, cwd=tmp_path).returncode == 0
-    assert "$PY colocate/nvidia_driver.py" in (SCRIPT.parents[1] / "scripts" / "install.sh").read_text()
+    assert "$PY colocate/tools/nvidia_driver.py" in (SCRIPT.parents[2] / "scripts" / "install.sh").read_text()

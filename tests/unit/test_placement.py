@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.placement import PORT_BASE, PORT_SPAN, Placement, placement_of, union_id
+from colocate.run.placement import PORT_BASE, PORT_SPAN, Placement, placement_of, union_id
 
 
 def test_every_rank_hosts_engines_with_tp_1_and_the_first_of_each_group_otherwise():
@@ -69,7 +69,7 @@ def test_placement_of_reads_torchruns_local_rank():
 
 
 def test_tensor_parallel_engines_need_cuda_and_say_so_before_anything_starts():
-    from colocate import builder
+    from colocate.run import builder
     from colocate.config import load_config
 
     with pytest.raises(ConfigError, match="engines.tp_size: 2 needs CUDA engines"):
@@ -104,7 +104,7 @@ def test_tensor_parallel_engines_need_their_gpus_visible_or_one_line():
 
 
 def test_a_feeder_process_is_refused_on_cuda_before_anything_starts():
-    from colocate import builder
+    from colocate.run import builder
     from colocate.config import load_config
 
     process = load_config(overrides=["overlap.mode=intra", "overlap.feeder=process"])
@@ -118,7 +118,7 @@ def test_a_feeder_process_is_refused_on_cuda_before_anything_starts():
 
 
 def test_pausing_stragglers_in_place_is_refused_on_cuda_before_anything_starts():
-    from colocate import builder
+    from colocate.run import builder
     from colocate.config import load_config
     from colocate.errors import USER_ERRORS
 

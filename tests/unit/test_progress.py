@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from colocate.progress import Progress, _eta
+from colocate.monitor.progress import Progress, _eta
 
 
 def rec(step, **extra):

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch.multiprocessing as mp
 
-from colocate import rank_rollouts
+from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
 from colocate.engine.rollout import Sample
 from colocate.engine.scheduler import LengthAwareScheduler, SchedulerConfig, staleness_stats
-from colocate.placement import Placement
-from colocate.rollout_phase import StepRollout, rollout_stats
+from colocate.run.placement import Placement
+from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 
 
 def _sample(index: int, n: int = 1, versions=(0, 0), cached: int = 0) -> Sample:
@@ -171,7 +171,7 @@ def test_a_checkpoint_from_before_engines_on_every_rank_is_one_ranks_state():
 
 
 def _stop_worker(rank: int, init_method: str, queue) -> None:
-    from colocate import loop
+    from colocate.run import loop
     from colocate.trainer.distributed import init_distributed
 
     info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from colocate import checkpoint, resume
-from colocate.checkpoint import CheckpointError
+from colocate.run import checkpoint, resume
+from colocate.run.checkpoint import CheckpointError
 from colocate.cli import main
 from colocate.config import load_config, to_dict
 from colocate.errors import ConfigError

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from colocate.reward_fns import RewardFnError, RewardFnErrors, guarded
+from colocate.rollout.reward_fns import RewardFnError, RewardFnErrors, guarded
 
 
 def bad(record, text):

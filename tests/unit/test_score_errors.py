@@ -1,7 +1,7 @@
 """The error paths of streamed scoring without an engine: the wire's ScoreError and
 heartbeat counts, the ScoreClient raising a feeder's error as one line, failing a score
 that never comes, keeping a slow but progressing one, and counting refused frames; and
-the start-up context check (colocate/preflight.py) on model folders alone."""
+the start-up context check (colocate/run/preflight.py) on model folders alone."""
 
 import asyncio
 import json
@@ -19,8 +19,8 @@ from colocate.engine.streamed import ScoreClient, ScoreTimeoutError
 from colocate.engine.wire import Heartbeat, Message, ScoreError, ScoreResult
 from colocate.engine.channel import AsyncSender
 from colocate.errors import ConfigError
-from colocate.preflight import check_contexts, model_context_length
-from colocate.rollout_phase import Prompt
+from colocate.run.preflight import check_contexts, model_context_length
+from colocate.rollout.rollout_phase import Prompt
 
 
 def test_score_error_and_heartbeat_counts_cross_the_wire():

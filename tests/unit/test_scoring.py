@@ -1,4 +1,4 @@
-"""colocate.scoring.Scorer: a response's reward = (model score + every reward function) ×
+"""colocate.rollout.scoring.Scorer: a response's reward = (model score + every reward function) ×
 reward.scale, whichever way the model score came (streamed, one-shot, none)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from colocate.engine.rollout import Sample
-from colocate.scoring import Scorer
+from colocate.rollout.scoring import Scorer
 
 
 def _sample(index: int, out: list[int], record=None) -> Sample:
@@ -78,7 +78,7 @@ def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
     import dataclasses
 
     from colocate.config import load_config
-    from colocate.rollouts import Rollouts
+    from colocate.rollout.rollouts import Rollouts
 
     cfg = load_config(overrides=["reward.scale=2.0"])
     done = _sample(0, [5, 6])

@@ -1,10 +1,10 @@
-"""colocate.tasks: prompt sources are deterministic and well-formed; rule rewards score as promised."""
+"""colocate.assets.tasks: prompt sources are deterministic and well-formed; rule rewards score as promised."""
 
 import json
 
 import pytest
 
-from colocate import tasks
+from colocate.assets import tasks
 from colocate.errors import ColocateError, ConfigError
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from colocate import builder, timesharing, weight_sync
+from colocate.run import builder, timesharing, weight_sync
 from colocate.config import load_config
 from colocate.engine.runtime import MEMORY_TAGS, EngineConfig, _server_kwargs
 from colocate.engine.start_checks import EngineStartError, check_allocator_conf
@@ -36,7 +36,7 @@ def test_reward_engine_sleeps_with_a_host_copy_of_its_weights_on_cuda_only():
 
 
 def test_each_ranks_engines_get_its_gpu_its_cores_and_ports_of_their_own():
-    from colocate.placement import Placement
+    from colocate.run.placement import Placement
 
     cfg = load_config(overrides=["engines.device=cuda"])
     alone = builder.engine_configs(cfg, "/m/actor", "/m/rm")
@@ -232,7 +232,7 @@ def test_tensor_parallel_ranks_wait_for_the_release_and_the_engine_for_their_off
 def test_only_tensor_parallel_engines_get_a_barrier():
     from types import SimpleNamespace
 
-    from colocate.placement import Placement
+    from colocate.run.placement import Placement
 
     dist = SimpleNamespace(world_size=2, device=torch.device("cpu"))
     assert builder.tp_barrier(Placement(0, 2, 0, 2), dist) is None

@@ -1,7 +1,7 @@
 """A tensor-parallel engine's TP rank i gets training rank i's own copy of every bucket.
 
 Two gloo ranks form one TP group (rank 0 hosts the engine, rank 1 none) and push through
-``Session.push_weights`` → ``colocate.weight_sync`` → ``colocate.tp_exchange``, each from a
+``Session.push_weights`` → ``colocate.run.weight_sync`` → ``colocate.run.tp_exchange``, each from a
 lazy "gather" that takes a world collective per tensor (as FSDP's all-gathers do) and yields
 tensors whose values name their rank. SGLang's own serializer makes the payloads
 (``engine.weight_payloads``, CPU shared memory here, CUDA-IPC handles on a GPU). The host's
@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from colocate import tp_exchange, weight_sync
-from colocate.placement import Placement
-from colocate.session import RunState, Session
+from colocate.run import tp_exchange, weight_sync
+from colocate.run.placement import Placement
+from colocate.run.session import RunState, Session
 
 UNIT = 1 << 16  # float32 values: 256 KiB
 SPEC = [("a", 2), ("b", 2), ("c", 5), ("d", 1), ("e", 1), ("f", 1)]  # name, UNITs: 1 MiB buckets [a b] [c] [d e f]

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from colocate import builder
+from colocate.run import builder
 from colocate.config import Config, PPOConfig, load_config
 from colocate.trainer.settings import TrainerSettings
 

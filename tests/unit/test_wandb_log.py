@@ -10,7 +10,7 @@ import pytest
 
 from colocate.config import RunConfig
 from colocate.errors import ConfigError
-from colocate.wandb_log import ID_FILE, WandbRun, check_available
+from colocate.monitor.wandb_log import ID_FILE, WandbRun, check_available
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
 """The PPO step loop, sequential form: it reads like the algorithm.
 
 generate → score → ref logp, old logp, values → advantages → critic and actor epochs →
-weight sync (with the sleep/wake order of ``colocate.timesharing``) → KL control →
+weight sync (with the sleep/wake order of ``colocate.run.timesharing``) → KL control →
 metrics → checkpoint. A critic-free estimator (``ppo.advantage``) has no values pass and
 no critic epochs. Every mode hands the step a ``StepRollout`` of scored samples (whole
 groups): each engine rank generates and scores its share on its own engines, the shares
-are joined into one batch on every rank (``colocate.rank_rollouts``), and every rank
+are joined into one batch on every rank (``colocate.run.rank_rollouts``), and every rank
 trains its FSDP shard of it.
 """
 
@@ -16,24 +16,25 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from colocate import evaluation, rank_failure, rank_rollouts
-from colocate import metrics as mlog
+from colocate.rollout import evaluation
+from colocate.run import rank_failure, rank_rollouts
+from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
 from colocate.errors import USER_ERRORS
-from colocate.guards import check_weight_versions
-from colocate.metrics import PhaseTimer
-from colocate.rollout_phase import StepRollout, sampling_params
-from colocate.session import Session
+from colocate.run.guards import check_weight_versions
+from colocate.monitor.metrics import PhaseTimer
+from colocate.rollout.rollout_phase import StepRollout, sampling_params
+from colocate.run.session import Session
 from colocate.trainer.batch import make_batch
 from colocate.trainer.distributed import all_gather_object, lost_peer
-from colocate.wandb_log import WandbRun
+from colocate.monitor.wandb_log import WandbRun
 
 StepCallback = Callable[[dict[str, Any]], None]
 
 
 def rollout(s: Session) -> StepRollout | None:
     """Generate and score this rank's share of the batch on its engines, in the step's mode
-    (``colocate.rollouts``; ``None`` on a rank without engines)."""
+    (``colocate.rollout.rollouts``; ``None`` on a rank without engines)."""
     if s.rollouts is None:
         return None
     served = s.engine_requests()
@@ -54,7 +55,7 @@ def step(s: Session) -> dict[str, Any]:
     data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
     timer.seconds.update(data.seconds)
     samples = data.samples
-    scores = [x.score for x in samples]  # rewards (colocate.scoring: reward.scale applied)
+    scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
     check_weight_versions([x.versions for x in samples], s.state.weight_version,
                           carries_partials=s.cfg.overlap.deferral)
     s.set_phase("train")

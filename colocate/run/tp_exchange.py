@@ -2,7 +2,7 @@
 
 With ``engines.tp_size`` n > 1 the first rank of every n training ranks hosts one TP
 engine whose TP rank i runs on GPU ``base_gpu_id`` + i, the GPU of training rank first +
-i (``colocate.placement``). During a device push every rank of the group holds the full
+i (``colocate.run.placement``). During a device push every rank of the group holds the full
 tensors on its own GPU (the lazy all-gather), so every rank cuts the same buckets,
 serializes its own copy (a CUDA-IPC handle of its own memory) and the host sends TP rank i
 the payload of training rank i (SGLang's FSDP helper, ``srt/weight_sync/utils.py``, does
@@ -16,7 +16,7 @@ bucket j+1 (``engine.weight_payloads.with_last``): a barrier for bucket j-1 (the
 update call with it returned: the peers drop their copy), then a gather of the payloads
 to the host; a last barrier after the host's update returns.
 
-Leaves out: cutting buckets (``colocate.weight_sync``), serializing and sending them
+Leaves out: cutting buckets (``colocate.run.weight_sync``), serializing and sending them
 (``engine.weight_payloads``, ``engine.runtime``), the subgroups' collectives
 (``trainer.distributed``).
 """

@@ -1,8 +1,8 @@
 """Names accepted for ``models.*`` besides folders, and resolving a model spec to a folder.
 
 Owns: :func:`model_aliases` (``smollm2``, ``sentiment-rm``: built once from packaged
-sources) and :func:`resolve_model`. Leaves out: how they are built (``colocate.models``,
-``colocate.sentiment_rm``).
+sources) and :func:`resolve_model`. Leaves out: how they are built (``colocate.assets.models``,
+``colocate.assets.sentiment_rm``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from colocate.errors import ConfigError
 
 def model_aliases() -> dict[str, Callable[[], Path]]:
     """Names accepted for ``models.*`` that colocate builds from packaged sources."""
-    from colocate.models import prepare_smollm2
+    from colocate.assets.models import prepare_smollm2
 
     def sentiment_rm() -> Path:
-        from colocate.sentiment_rm import prepare_sentiment_rm
+        from colocate.assets.sentiment_rm import prepare_sentiment_rm
 
         return prepare_sentiment_rm()
 

@@ -7,8 +7,8 @@ from wherever the step got it: streamed chunk by chunk through the feeder (then 
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
 (:func:`engine.streamed.score_whole`). Leaves out: how the step schedules scoring
-(``colocate.rollout_phase``, ``engine.oppo``) and the reward functions' error policy
-(``colocate.reward_fns``).
+(``colocate.rollout.rollout_phase``, ``engine.oppo``) and the reward functions' error policy
+(``colocate.rollout.reward_fns``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from colocate.engine import reward as rm
 from colocate.engine.rollout import Sample
-from colocate.reward_fns import RewardFn
+from colocate.rollout.reward_fns import RewardFn
 
 # (step id, [(prompt ids, response ids)], [sample indices]) -> the reward model's scores
 WholeScores = Callable[[int, Sequence[tuple[Sequence[int], Sequence[int]]], Sequence[int]], Awaitable[list[float]]]

@@ -8,7 +8,7 @@ request looks — so no new request is served KV computed under the old weights)
 tensors made one at a time (CUDA: cut and cast on the device, sent as CUDA-IPC handles;
 with a tensor-parallel engine every rank of its group cuts the same buckets and each TP rank
 loads its own training rank's copy). Leaves out: gathering the state from FSDP
-(``trainer``); the exchange between the ranks of a TP group (``colocate.tp_exchange``).
+(``trainer``); the exchange between the ranks of a TP group (``colocate.run.tp_exchange``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from colocate.engine.runtime import run_guarded
 
 if TYPE_CHECKING:
-    from colocate.tp_exchange import TPExchange
+    from colocate.run.tp_exchange import TPExchange
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 

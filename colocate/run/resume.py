@@ -9,7 +9,7 @@ every other change named in one log line); :func:`check_checkpoint` (the checkpo
 actor and critic tensors against the configured models, a deferred buffer the configured
 mode would drop). Every refusal is one line naming the key and both values.
 
-Leaves out: loading the checkpoint into a session (``colocate.session``), the config
+Leaves out: loading the checkpoint into a session (``colocate.run.session``), the config
 format (``colocate.config``).
 """
 
@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 from colocate.config import Config, from_dict, load_config, to_dict
 from colocate.errors import ConfigError
 
@@ -153,7 +153,7 @@ def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, S
             f"--resume: checkpoint '{where}' holds {held} ({_count(saved):,} parameters) but {key} is "
             f"'{_spec(part, configured)}' ({_count(live[part]):,} parameters; {diff}); "
             f"resume with the run's {key} or start a new run")
-    from colocate.rank_rollouts import saved_states
+    from colocate.run.rank_rollouts import saved_states
 
     deferred = [d for state in saved_states(parts)[1]
                 for d in ((state["overlap"] or {}).get("scheduler") or {}).get("deferred") or []]

@@ -3,7 +3,7 @@
 Owns: resolving what to sample from (a packaged alias, an HF folder, or a run folder /
 checkpoint, whose actor is exported first), chat-formatting the prompts like training
 does, one engine for the call, and the decoded responses.
-Leaves out: the engine (``engine.runtime``), the export (``colocate.export``).
+Leaves out: the engine (``engine.runtime``), the export (``colocate.tools.export``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from colocate.checkpoint import MANIFEST
+from colocate.run.checkpoint import MANIFEST
 from colocate.errors import ConfigError
 
 
@@ -45,10 +45,10 @@ def model_folder(spec: str) -> str:
     ``<run>/export/``), a model folder, or a packaged alias (``smollm2``)."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_run(path):
-        from colocate.export import export_actor
+        from colocate.tools.export import export_actor
 
         return str(export_actor(path))
-    from colocate.model_aliases import resolve_model
+    from colocate.assets.model_aliases import resolve_model
 
     return resolve_model(spec, "model")
 
@@ -69,10 +69,10 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine)."""
     from transformers import AutoTokenizer
 
-    from colocate.builder import engine_configs
+    from colocate.run.builder import engine_configs
     from colocate.config import load_config
-    from colocate.rollout_phase import sampling_params
-    from colocate.session import stop_ids
+    from colocate.rollout.rollout_phase import sampling_params
+    from colocate.run.session import stop_ids
     from colocate.engine import rollout
     from colocate.engine.rollout import Sample
     from colocate.engine.runtime import SglangEngine
@@ -96,9 +96,9 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
 
 
 def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - a HF tokenizer
-    """Chat-formatted as in training (``colocate.tasks.chat_prompt_ids``), or the plain text
+    """Chat-formatted as in training (``colocate.assets.tasks.chat_prompt_ids``), or the plain text
     when asked or when the tokenizer has no chat template."""
-    from colocate.tasks import chat_prompt_ids
+    from colocate.assets.tasks import chat_prompt_ids
 
     if not chat or tokenizer.chat_template is None:
         return tokenizer(text)["input_ids"]

@@ -2,7 +2,7 @@
 
 Owns: :class:`PhaseTimer` (wall time of each named phase of a step) and
 :class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present,
-a :class:`colocate.wandb_log.WandbRun` when ``run.wandb_project`` is set).
+a :class:`colocate.monitor.wandb_log.WandbRun` when ``run.wandb_project`` is set).
 Leaves out: what is measured (the loop decides).
 """
 

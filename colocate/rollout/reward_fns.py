@@ -4,8 +4,8 @@ Owns: what happens when a reward function raises — ``reward.on_error=raise`` (
 the step fails with one line naming the function and the cause (the checkpoint of the
 last completed step is written, as for every failure); ``zero``: the response scores 0.0
 from that function and the failure is counted (``reward/fn_errors`` in metrics.jsonl), never
-silently. Leaves out: calling them (``colocate.scoring``), what they score
-(``colocate.tasks``).
+silently. Leaves out: calling them (``colocate.rollout.scoring``), what they score
+(``colocate.assets.tasks``).
 """
 
 from __future__ import annotations

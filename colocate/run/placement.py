@@ -14,8 +14,8 @@ from disjoint per-rank ranges, so ranks starting engines side by side never race
 and its tensor-parallel group (``tp_size`` consecutive ranks; TP rank i on the GPU of the
 group's i-th rank, ``gpu_id`` + i).
 
-Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.rank_rollouts``);
-starting the engines (``colocate.builder``).
+Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.run.rank_rollouts``);
+starting the engines (``colocate.run.builder``).
 """
 
 from __future__ import annotations

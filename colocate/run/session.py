@@ -5,8 +5,8 @@ prompts, KL controller, :class:`RunState`), the plain-Python snapshot that lets 
 rollout checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
 controller, weight version, RNG, and every engine rank's prompt stream position and
 deferred buffer) and pushing the actor weights into this rank's engine. Leaves out:
-construction and start-up order (``colocate.builder``), where engines run
-(``colocate.placement``) and the step itself (``colocate.loop``).
+construction and start-up order (``colocate.run.builder``), where engines run
+(``colocate.run.placement``) and the step itself (``colocate.run.loop``).
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from colocate import checkpoint, faults, rank_rollouts, weight_sync
+from colocate.run import checkpoint, rank_rollouts, weight_sync
+from colocate import faults
 from colocate.config import Config
 from colocate.engine.rollout import Sample, group_member, sample_index
 from colocate.engine.timeline import mark
 from colocate.errors import ConfigError
-from colocate.placement import Placement
-from colocate.resume import check_checkpoint
-from colocate.reward_fns import RewardFn, RewardFnErrors
-from colocate.rollout_phase import Prompt, response_budget
-from colocate.tasks import chat_prompt_ids
-from colocate.timesharing import TimeSharing
+from colocate.run.placement import Placement
+from colocate.run.resume import check_checkpoint
+from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
+from colocate.rollout.rollout_phase import Prompt, response_budget
+from colocate.assets.tasks import chat_prompt_ids
+from colocate.run.timesharing import TimeSharing
 from colocate.trainer.distributed import all_gather_object
 
 
@@ -46,7 +47,7 @@ class RunState:
 
 
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
-    """Chat-format and tokenize ``colocate.tasks.Prompt`` items; prompts longer than
+    """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items; prompts longer than
     ``max_tokens`` are refused."""
     out = []
     for i, prompt in enumerate(prompts):
@@ -86,7 +87,7 @@ class Session:
     timesharing: TimeSharing
     out_dir: Path
     log: Callable[[str], None]
-    rollouts: Any = None  # colocate.rollouts.Rollouts on each engine rank (every mode), else None
+    rollouts: Any = None  # colocate.rollout.rollouts.Rollouts on each engine rank (every mode), else None
     phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
     _snapshot: dict[str, Any] | None = None
     on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
@@ -95,7 +96,7 @@ class Session:
     placement: Placement = Placement()  # who generates where (one rank: everything here)
     timeline: Any = None  # colocate.engine.timeline.Timeline when run.timeline (rank 0), else None
     _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
-    tp_exchange: Any = None  # colocate.tp_exchange.TPExchange with engines.tp_size > 1 (every rank), else None
+    tp_exchange: Any = None  # colocate.run.tp_exchange.TPExchange with engines.tp_size > 1 (every rank), else None
     # builds the rollout phase of a config on this rank's engines (builder.make_rollouts); None without engines
     rollouts_for: Callable[[Config], Any] | None = None
 

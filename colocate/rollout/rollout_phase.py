@@ -3,10 +3,10 @@
 Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
 :func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
 in every mode: the trained :class:`engine.rollout.Sample` s, scored), and the sequential
-schedule: run samples on the actor engine, then score them (``colocate.scoring``).
+schedule: run samples on the actor engine, then score them (``colocate.rollout.scoring``).
 
 Leaves out: the overlapped schedules (``engine.oppo``), which samples a step runs
-(``colocate.rollouts``) and training.
+(``colocate.rollout.rollouts``) and training.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from colocate.engine import rollout
 from colocate.engine.rollout import Sample
 from colocate.engine.runtime import run_guarded
 from colocate.engine.timeline import mark
-from colocate.scoring import Scorer
+from colocate.rollout.scoring import Scorer
 
 
 @dataclasses.dataclass(frozen=True)

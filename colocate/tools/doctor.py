@@ -1,6 +1,6 @@
 """`colocate doctor`: what this machine offers colocate, and a smoke test of a real engine.
 
-Owns: collecting versions, device, the NVIDIA driver (``colocate.nvidia_driver``: CUDA 13
+Owns: collecting versions, device, the NVIDIA driver (``colocate.tools.nvidia_driver``: CUDA 13
 needs >= 580), the CPU op stand-in status and the model cache, and starting/stopping a
 tiny SGLang engine once. Leaves out: printing (the CLI does that).
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from colocate.models import default_cache_dir
+from colocate.assets.models import default_cache_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
     """Versions, device and cache facts; prepares (but does not start) SGLang."""
     import torch
 
-    from colocate import nvidia_driver
+    from colocate.tools import nvidia_driver
     from colocate.engine import sglang_api
 
     driver_ok, driver = nvidia_driver.driver_note(nvidia_driver.query())
@@ -58,7 +58,7 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
 
 def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
     """Build a tiny random Llama, start an actor engine on it, generate, stop."""
-    from colocate.models import build_tiny_causal_lm
+    from colocate.assets.models import build_tiny_causal_lm
     from colocate.engine import rollout
     from colocate.engine.runtime import EngineConfig, SglangEngine
 

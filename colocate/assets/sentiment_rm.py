@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from colocate.errors import ModelSourceError
-from colocate.models import MARKER_NAME, _install_atomically, _marker_matches, default_cache_dir, prepare_smollm2
-from colocate.tasks import sentiment_prompts
-from colocate.distill_data import Example, build_examples, generate_responses
+from colocate.assets.models import MARKER_NAME, _install_atomically, _marker_matches, default_cache_dir, prepare_smollm2
+from colocate.assets.tasks import sentiment_prompts
+from colocate.assets.distill_data import Example, build_examples, generate_responses
 
 MARKER_FORMAT = 1
 END_OF_TEXT = "<|endoftext|>"  # the RM's pad token: SmolLM2 pads with EOS, and HF pools the last non-pad

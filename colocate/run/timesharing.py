@@ -20,7 +20,7 @@ done, and the engine from waking weights, then KV, before they have offloaded. O
 memory saver does nothing (it needs CUDA), so every call is a no-op by design;
 :class:`TimeSharing` says so once.
 
-Leaves out: the weight sync itself (``colocate.weight_sync``); the engine calls and their
+Leaves out: the weight sync itself (``colocate.run.weight_sync``); the engine calls and their
 guards (``engine.runtime``).
 """
 

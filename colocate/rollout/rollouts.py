@@ -3,7 +3,7 @@ every ``overlap.mode`` goes through.
 
 Owns: :class:`Rollouts`, which holds the length-aware scheduler (its deferred samples
 carry their prompt records, groups and, once finished, scores), the scorer
-(``colocate.scoring``), the chunk-size tuner, and — when a mode streams — the reward
+(``colocate.rollout.scoring``), the chunk-size tuner, and — when a mode streams — the reward
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
@@ -15,8 +15,8 @@ on, with the step's stats (``overlap/*`` in every mode, incl. the ZeroMQ frames 
 of the feeder channel refused or lost during the step; the feeder's counts come with its
 heartbeats, so they lag it by at most 0.5 s).
 
-Leaves out: the schedules themselves (``colocate.rollout_phase``, ``engine.oppo``),
-scoring (``colocate.scoring``) and training.
+Leaves out: the schedules themselves (``colocate.rollout.rollout_phase``, ``engine.oppo``),
+scoring (``colocate.rollout.scoring``) and training.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from colocate.auto_mode import AutoPolicy, ModePicker
+from colocate.rollout.auto_mode import AutoPolicy, ModePicker
 from colocate.config import Config, OverlapConfig
 from colocate.engine import oppo, streamed
 from colocate.engine.live import LiveRequests, check_pause_mode
@@ -43,9 +43,9 @@ from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthA
 from colocate.engine.runtime import EngineConfig, run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
-from colocate.reward_fns import RewardFn
-from colocate.rollout_phase import StepRollout, rollout_stats, run_sequential
-from colocate.scoring import Scorer
+from colocate.rollout.reward_fns import RewardFn
+from colocate.rollout.rollout_phase import StepRollout, rollout_stats, run_sequential
+from colocate.rollout.scoring import Scorer
 
 # feeder step ids of one-shot scoring through the feeder's process (streamed training steps
 # use the step itself): held-out evaluations, and training steps that do not stream
@@ -115,7 +115,7 @@ class Rollouts:
             cmd = [sys.executable, "-m", "colocate.engine.reward_feeder", "--model", feeder_engine.model_path,
                    "--chunks", chunks, "--results", results,
                    "--engine-json", json.dumps(dataclasses.asdict(feeder_engine))]
-            self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
+            self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[2]))
             log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
             self._wait_first_heartbeat()
         else:

@@ -7,7 +7,7 @@ decoded greedily, so its reward moves only when the weights do: the learning cur
 Owns: splitting the held-out prompts off the prompt set, when an evaluation is due, and
 one evaluation (greedy generation on the actor engine, the same reward as training: the
 reward engine, or the feeder's when the reward model lives in the feeder's process).
-Leaves out: logging (``colocate.metrics``) and the loop around it (``colocate.loop``).
+Leaves out: logging (``colocate.monitor.metrics``) and the loop around it (``colocate.run.loop``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any, Sequence, TypeVar
 
-from colocate.rollout_phase import prompt_samples, sampling_params
+from colocate.rollout.rollout_phase import prompt_samples, sampling_params
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ def due(step: int, every: int, last_step: int) -> bool:
     return every > 0 and (step % every == 0 or step == last_step)
 
 
-def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Session
+def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.run.session.Session
     """Greedy responses of the current actor engine weights to the held-out prompts, scored
     like training (reward model and/or functions, ``reward.scale``) -> the eval record.
     Non-finite scores are counted (``non_finite``) and left out of the mean."""
@@ -46,7 +46,7 @@ def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.session.Sess
     started = time.perf_counter()
     samples = prompt_samples(s.eval_prompts, r.max_new_tokens)
     s.rollouts.evaluate(samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos), s.state.step)
-    scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.scoring)
+    scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.rollout.scoring)
     finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
     return {
         "step": s.state.step,

@@ -4,7 +4,7 @@ Owns: :func:`check_available` (a one-line error before any engine starts when
 ``run.wandb_project`` is set but ``wandb`` is not installed) and :class:`WandbRun` (one
 W&B run per run folder: the config at start, every step's scalars at its step number, a
 final summary; a resumed run continues the same W&B run, its id kept in the run folder).
-Leaves out: JSONL and TensorBoard (``colocate.metrics``), what is measured (the loop).
+Leaves out: JSONL and TensorBoard (``colocate.monitor.metrics``), what is measured (the loop).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) 
 ``peft.PeftModel.from_pretrained(base, folder)`` loads. Each folder is written into a
 temporary sibling and renamed into place, like the checkpoints.
 
-Leaves out: the checkpoint format (``colocate.checkpoint``), the LoRA wrapper
-(``colocate.trainer.lora``), sampling from the folder (``colocate.sample``).
+Leaves out: the checkpoint format (``colocate.run.checkpoint``), the LoRA wrapper
+(``colocate.trainer.lora``), sampling from the folder (``colocate.tools.sample``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from colocate import checkpoint
+from colocate.run import checkpoint
 from colocate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
 def base_actor(run_dir: Path) -> str:
     """``models.actor`` of the run, from the ``config.json`` the run wrote (an alias is
     prepared on demand, as in training)."""
-    from colocate.model_aliases import resolve_model
+    from colocate.assets.model_aliases import resolve_model
 
     return resolve_model(_run_config(run_dir)["models"]["actor"], f"models.actor in {run_dir / 'config.json'}")
 

@@ -1,7 +1,7 @@
 """The engine ranks' rollouts joined into the step's one batch, and their checkpoint states.
 
 Owns: :func:`gather` (every rank runs its share of the rollout; the parts, or the first
-failure, are exchanged (``colocate.rank_failure.agree``), so a rank whose rollout fails
+failure, are exchanged (``colocate.run.rank_failure.agree``), so a rank whose rollout fails
 does not leave the others waiting in a collective: every rank raises, and a user error
 lets every rank checkpoint the last completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
 renamed into the union's index space (``placement.union_id``) and sorted, so groups stay
@@ -11,8 +11,8 @@ slowest rank; counts summed; staleness over the union; per-rank engine metrics
 scheduler with its deferred buffer) and :func:`redistribute` for a resume on another
 number of engine ranks.
 
-Leaves out: where ranks run engines (``colocate.placement``); running a rollout
-(``colocate.loop``, ``colocate.rollouts``).
+Leaves out: where ranks run engines (``colocate.run.placement``); running a rollout
+(``colocate.run.loop``, ``colocate.rollout.rollouts``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, Callable, Sequence
 
 from colocate.engine.rollout import group_member, sample_index
 from colocate.engine.scheduler import staleness_stats
-from colocate.placement import union_id
-from colocate.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
-from colocate.rollout_phase import StepRollout, rollout_stats
+from colocate.run.placement import union_id
+from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
+from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
 PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",

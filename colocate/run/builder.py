@@ -1,12 +1,12 @@
-"""Construct a :class:`~colocate.session.Session` from a config.
+"""Construct a :class:`~colocate.run.session.Session` from a config.
 
 Owns the start-up order: distributed group → model folders → SGLang engines on every
-engine rank (``colocate.placement``; before FSDP sharding, so the engines' spawned
+engine rank (``colocate.run.placement``; before FSDP sharding, so the engines' spawned
 schedulers never inherit a process group), released at once on CUDA → the tensor-parallel
 groups' subgroups (``engines.tp_size`` > 1) → trainer → prompts
 and reward functions → optional resume → engines woken with the trainer's weights (CUDA,
 or after a resume).
-Leaves out: the step (``colocate.loop``).
+Leaves out: the step (``colocate.run.loop``).
 """
 
 from __future__ import annotations
@@ -20,27 +20,28 @@ from typing import Callable, Sequence
 import torch
 from transformers import AutoTokenizer
 
-from colocate import tasks, timesharing, tp_exchange
+from colocate.assets import tasks
+from colocate.run import timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
 from colocate.engine.runtime import EngineConfig, SglangEngine
 from colocate.engine.start_checks import check_remote_code
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
-from colocate.evaluation import split_held_out
-from colocate.guards import check_world_size
-from colocate.model_aliases import resolve_model
-from colocate.placement import Placement, placement_of
-from colocate.preflight import check_contexts
-from colocate.reward_fns import RewardFn, RewardFnErrors, guarded
-from colocate.rollouts import Rollouts
-from colocate.session import RunState, Session, tokenize_prompts
+from colocate.rollout.evaluation import split_held_out
+from colocate.run.guards import check_world_size
+from colocate.assets.model_aliases import resolve_model
+from colocate.run.placement import Placement, placement_of
+from colocate.run.preflight import check_contexts
+from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
+from colocate.rollout.rollouts import Rollouts
+from colocate.run.session import RunState, Session, tokenize_prompts
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
 from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
-from colocate.wandb_log import check_available
+from colocate.monitor.wandb_log import check_available
 
 
 def engine_threads(cfg: Config, cores: int) -> tuple[int, int]:

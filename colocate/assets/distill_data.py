@@ -10,7 +10,7 @@ them, labelled with VADER's compound score at every response prefix (the engine 
 the score at the last token, also while a response is still being generated).
 
 Left out: the model and its training (trainer/reward_distill), VADER itself
-(colocate.tasks.vader_reward).
+(colocate.assets.tasks.vader_reward).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from colocate.tasks import chat_prompt_ids, vader_reward
+from colocate.assets.tasks import chat_prompt_ids, vader_reward
 
 POSITIVE = (
     "wonderful amazing excellent fantastic great lovely delightful beautiful brilliant superb outstanding "

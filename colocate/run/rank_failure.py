@@ -16,7 +16,7 @@ Two cases, by whether a collective can be in flight when the failure happens:
   back from the store. No checkpoint is written then: the last one stays.
 
 Leaves out: the store itself and telling a lost peer (``trainer.distributed``), when a
-checkpoint is safe (``colocate.session.Session.save_after_failure``).
+checkpoint is safe (``colocate.run.session.Session.save_after_failure``).
 """
 
 from __future__ import annotations

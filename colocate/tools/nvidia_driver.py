@@ -6,7 +6,7 @@ cause.
 Owns: reading ``nvidia-smi --query-gpu=driver_version --format=csv,noheader`` output into
 one line (:func:`driver_note`) and asking nvidia-smi (:func:`query`). Standard library
 only: ``scripts/install.sh`` runs this file by its path before colocate is installed
-(``python colocate/nvidia_driver.py``: one line, exit status 1 on a driver too old);
+(``python colocate/tools/nvidia_driver.py``: one line, exit status 1 on a driver too old);
 ``colocate doctor`` imports it. Leaves out: anything about the GPU beyond the driver.
 """
 

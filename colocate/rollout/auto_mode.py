@@ -16,7 +16,7 @@ often it is explored again (every 2nd, 4th, ... round, at most every 16th). A st
 switches deferral off while deferred samples remain finishes them (a draining step) and
 is not measured.
 
-Leaves out: running a step in a mode (``colocate.rollouts``), engine threads (they
+Leaves out: running a step in a mode (``colocate.rollout.rollouts``), engine threads (they
 are fixed at start: auto's engines get every core each, like sequential's).
 """
 

@@ -1,0 +1,2 @@
+"""Commands beside training: export a checkpoint, generate from a run, the doctor and its
+NVIDIA driver check."""
