@@ -29,7 +29,9 @@ def test_pip_install_adds_only_the_colocate_package(tmp_path):
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")))
     assert top == ["bin", "colocate"] or top == ["colocate"], top
     for sub in ("engine/rollout.py", "trainer/ppo_trainer.py", "bench/suite.py", "bench/peers/trl_ppo.py",
-                "engine/cpu_kernel/sgl_kernel/__init__.py"):
+                "engine/cpu_kernel/sgl_kernel/__init__.py", "run/builder.py", "rollout/rollouts.py",
+                "monitor/metrics.py", "assets/tasks.py", "tools/export.py",  # colocate/'s rooms too
+                "data/sentiment_prompts.json"):  # the default task's prompts
         assert (target / "colocate" / sub).is_file(), sub
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import colocate.engine.rollout, colocate.trainer.batch; "
             "import importlib.util as u; print([n for n in ('engine', 'trainer', 'bench') if u.find_spec(n)])")

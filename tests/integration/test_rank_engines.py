@@ -39,12 +39,12 @@ def _base(models, *extra: str) -> list[str]:
             "ppo.epochs=1", "engines.device=cpu", *extra]
 
 
-MODES = ("sequential", "inter", "oppo")
+MODES = ("sequential", "oppo")  # oppo streams and defers per rank: inter's deferral is a part of it
 
 
 @pytest.fixture(scope="module")
 def launched(tiny_pair, tmp_path_factory):
-    """One torchrun launch of 2 ranks (a greedy sequential run, then inter and oppo runs
+    """One torchrun launch of 2 ranks (a greedy sequential run, then an oppo run
     with Δ = 2 per rank, the oppo one checkpointed) and one of 1 rank (the same greedy
     run, then the oppo checkpoint resumed); both ranks' results and the one rank's."""
     models = tiny_pair("ranks", 41, 42)
