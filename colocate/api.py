@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
 from colocate.assets.model_aliases import model_aliases
+from colocate.engine.pool import EnginePool  # engines kept across runs: api.train(..., engines=pool)
 from colocate.monitor.progress import Progress
 
 
@@ -129,12 +130,16 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
 
 
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
-          callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False) -> Summary:
+          callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False,
+          engines: EnginePool | None = None) -> Summary:
     """Run PPO as configured. ``reward_fns(record, text)`` (sync or async) add to the reward
     model's score (or replace it with ``reward.kind=rule``); ``callbacks`` get each step's
     metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
     keep that run's models and data (``colocate.run.resume.FIXED``;
-    ``colocate.run.resume.load_run_config`` gives the run's own config)."""
+    ``colocate.run.resume.load_run_config`` gives the run's own config). ``engines``: an
+    :class:`EnginePool` kept across several runs of this process; a run on the same models
+    and engine settings takes the engines an earlier run gave back instead of starting its
+    own (its weights are pushed first; see ``colocate.engine.pool``)."""
     from colocate.run import builder, loop
     from colocate.run.guards import check_main_guard
     from colocate.monitor.metrics import read
@@ -146,14 +151,15 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         from colocate.run.resume import check_resume
 
         check_resume(cfg, resume, log)  # before any engine starts
-    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log)
+    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines)
     stop = StopRequest()
     progress = None
     try:
         if session.is_main:
             _write_run_files(session)
         progress = None if quiet or not session.is_main else Progress(cfg.run.steps, session.state.step)
-        session.on_phase = progress.phase if progress is not None else None
+        if progress is not None:
+            session.watch_phases(progress.phase)
         with _signals_stop(stop, session.actor.loop if session.actor is not None else None):
             history = loop.train(session, callbacks, progress, stop)
     finally:

@@ -30,7 +30,7 @@ import math
 from typing import Any, Callable, Sequence
 
 from .errors import EngineConfigError, EngineError
-from .rollout import Sample, group_member
+from .rollout import Sample, group_member, sample_index
 
 MakeSample = Callable[[int], "Sample | None"]  # index -> new sample, None when out of prompts
 
@@ -262,6 +262,28 @@ class LengthAwareScheduler:
         self._deferred = sorted((Sample(**d) for d in state["deferred"]), key=lambda s: s.index)
         self.delta_ctl.load_state_dict(state["delta"])
         self._ready, self._waiting, self._in_flight = [], [], None
+
+
+def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The deferred groups of a saved scheduler state (:meth:`LengthAwareScheduler.state_dict`):
+    each its samples' dicts in member order, the groups oldest first (by first index)."""
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for d in state["deferred"]:
+        by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
+    groups = [sorted(members, key=lambda d: d["index"]) for members in by_group.values()]
+    return sorted(groups, key=lambda g: g[0]["index"])
+
+
+def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, *, dropped_total: int,
+                  delta: dict[str, Any]) -> dict[str, Any]:
+    """A saved scheduler state whose deferred buffer is ``groups`` (:func:`saved_groups` of
+    other states) under fresh indices: member m of group j is sample ``sample_index(j, m)``,
+    and the next new sample comes after them; ``delta``: a saved Δ controller."""
+    n = group_size
+    deferred = [dict(d, index=sample_index(j, m, n), group=group_member(sample_index(j, m, n), n)[0])
+                for j, members in enumerate(groups) for m, d in enumerate(members)]
+    return {"next_index": len(groups) * n, "deferred": deferred, "dropped_total": int(dropped_total),
+            "delta": delta}
 
 
 def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str, float]:

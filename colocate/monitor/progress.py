@@ -1,6 +1,6 @@
 """Progress of a training run as a person watches it: step, phase, reward, KL, ETA.
 
-Owns: :class:`Progress`, fed the current phase (``Session.on_phase``) and each step's
+Owns: :class:`Progress`, fed the current phase (``Session.watch_phases``) and each step's
 metrics. On a terminal it is a tqdm bar (phase as its label; reward, KL and step time as
 its postfix; tqdm's own rate and ETA). Piped or in CI it prints one plain line per step
 with the ETA, so logs stay readable. Leaves out: what the numbers mean.

@@ -292,3 +292,15 @@ class Rollouts:
         self.tuner.load_state_dict(state["tuner"])
         if self.picker is not None and "auto" in state:
             self.picker.load_state_dict(state["auto"])
+
+
+def scheduler_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's part (deferred buffer, Δ controller) of a saved rollout state
+    (:meth:`Rollouts.state_dict`)."""
+    return state["scheduler"]
+
+
+def with_scheduler_state(state: dict[str, Any], scheduler: dict[str, Any]) -> dict[str, Any]:
+    """A saved rollout state like ``state`` (its chunk tuner, auto picker, score scaling)
+    with ``scheduler`` as its scheduler's part."""
+    return {**state, "scheduler": scheduler}

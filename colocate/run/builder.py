@@ -24,15 +24,18 @@ from colocate.assets import tasks
 from colocate.run import timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
-from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.pool import EnginePool
+from colocate.engine.runtime import EngineConfig
 from colocate.engine.start_checks import check_remote_code
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
 from colocate.rollout.evaluation import split_held_out
+from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
 from colocate.run.preflight import check_contexts
+from colocate.run.prompt_stream import PromptStream
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.rollouts import Rollouts
 from colocate.run.session import RunState, Session, tokenize_prompts
@@ -133,19 +136,6 @@ def own_feeder(cfg: Config) -> bool:
     return cfg.overlap.streamed and cfg.overlap.feeder == "process"
 
 
-def _engines(cfg: Config, actor_cfg, reward_cfg):
-    """Actor engine, and the reward engine unless a feeder process hosts its own."""
-    actor = SglangEngine(actor_cfg, field="models.actor")
-    reward = None
-    if reward_cfg is not None and not own_feeder(cfg):
-        try:
-            reward = SglangEngine(reward_cfg, field="models.reward")
-        except BaseException:
-            actor.shutdown()
-            raise
-    return actor, reward
-
-
 # ppo.* fields the loop reads (the KL controller), not the trainer
 LOOP_PPO_FIELDS = frozenset({"kl_kind", "kl_coef", "kl_target", "kl_horizon"})
 
@@ -212,7 +202,10 @@ def _quiet(message: str) -> None:
 
 
 def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
-          log: Callable[[str], None] = print) -> Session:
+          log: Callable[[str], None] = print, engines: EnginePool | None = None) -> Session:
+    """The session of a run on this rank: checks, engines (started, or taken from
+    ``engines``, a pool kept across runs), trainer, data, rollout phase; ``resume`` a run
+    folder or checkpoint to continue from."""
     check_available(cfg.run)  # before anything starts
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:
@@ -240,14 +233,14 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
     prompts, eval_prompts = _data(cfg, tokenizer)
-    actor = reward = rollouts = None
+    rollouts = None
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
-    if placement.hosts_engines:
-        actor, reward = _engines(cfg, actor_cfg, reward_cfg)
-        log(f"engines up: actor {actor.start_seconds:.1f} s"
-            + (f", reward {reward.start_seconds:.1f} s" if reward else "")
-            + (f" (and on each of the other {placement.engine_ranks - 1} engine ranks)" if placement.engine_ranks > 1 else ""))
+    hosted = RankEngines()
+    if placement.hosts_engines:  # the reward engine unless a feeder process hosts its own
+        hosted = RankEngines.start(actor_cfg, None if own_feeder(cfg) else reward_cfg, engines)
+        log(hosted.describe(placement.engine_ranks))
+    actor, reward = hosted.actor, hosted.reward
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
     # the engines start gave every run of one seed the same port (EADDRINUSE side by side)
     random.seed(cfg.run.seed)
@@ -272,7 +265,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                                           # the session's rollout phase of the moment (the bench builds a fresh one per mode)
                                           quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None,
                                           barrier=barrier)
-        session = Session(cfg, dist, trainer, actor, reward, fns, tokenizer, prompts, kl_ctl,
+        stream = PromptStream(prompts, cfg.rollout, cfg.run.seed, placement)
+        session = Session(cfg, dist, trainer, hosted, fns, tokenizer, stream, kl_ctl,
                           RunState(), sharing, out_dir, log, rollouts,
                           eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
                           timeline=timeline, tp_exchange=tp,
@@ -283,8 +277,6 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     except BaseException:
         if rollouts is not None:
             rollouts.close()
-        for eng in (reward, actor):
-            if eng is not None:
-                eng.shutdown()
+        hosted.close()
         raise
     return session

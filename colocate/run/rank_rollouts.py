@@ -21,10 +21,11 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from colocate.engine.rollout import group_member, sample_index
-from colocate.engine.scheduler import staleness_stats
+from colocate.engine.scheduler import saved_groups, staleness_stats, state_holding
 from colocate.run.placement import union_id
 from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
+from colocate.rollout.rollouts import scheduler_state, with_scheduler_state
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
 PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",
@@ -106,24 +107,19 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
     if all(o is None for o in overlaps):
         return new_base, [rank_state(0, None) for _ in range(ranks)], (
             f"{old} engine ranks -> {ranks}: prompts continue from position {new_base}")
-    groups: list[tuple[int, list[dict[str, Any]]]] = []  # (age, members)
+    groups: list[tuple[int, list[dict[str, Any]]]] = []  # (age in the union, members)
     for r, o in enumerate(overlaps):
-        by_group: dict[int, list[dict[str, Any]]] = {}
-        for d in (o or {}).get("scheduler", {}).get("deferred", []):
-            by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
-        groups += [(union_id(min(d["index"] for d in members), r, old), members) for members in by_group.values()]
+        if o is not None:
+            groups += [(union_id(members[0]["index"], r, old), members) for members in saved_groups(scheduler_state(o))]
     groups.sort(key=lambda g: g[0])
     first = next(o for o in overlaps if o is not None)
+    dropped = sum(scheduler_state(o)["dropped_total"] for o in overlaps if o)
     out = []
     for r in range(ranks):
         mine = [members for i, (_, members) in enumerate(groups) if i % ranks == r]
-        deferred = [dict(d, index=sample_index(j, m, group_size), group=group_member(sample_index(j, m, group_size),
-                                                                                group_size)[0])
-                    for j, members in enumerate(mine) for m, d in enumerate(sorted(members, key=lambda d: d["index"]))]
-        scheduler = {"next_index": len(mine) * group_size, "deferred": deferred,
-                     "dropped_total": sum(o["scheduler"]["dropped_total"] for o in overlaps if o) if r == 0 else 0,
-                     "delta": first["scheduler"]["delta"]}
-        out.append(rank_state(0, {**first, "scheduler": scheduler}))  # tuner, picker, score scaling: the first's
+        scheduler = state_holding(mine, group_size, dropped_total=dropped if r == 0 else 0,
+                                  delta=scheduler_state(first)["delta"])
+        out.append(rank_state(0, with_scheduler_state(first, scheduler)))  # tuner, picker, score scaling: the first's
     moved = sum(len(m) for _, m in groups)
     return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
                            f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")

@@ -1,12 +1,16 @@
-"""What a PPO run holds between steps, and the operations on it.
+"""What a PPO run holds between steps, and the operations that span its owners.
 
-Owns: :class:`Session` (config, process group, placement, trainer, this rank's engines,
-prompts, KL controller, :class:`RunState`), the plain-Python snapshot that lets a failed
-rollout checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
+Owns: :class:`Session`, one run on a rank as typed owners, each keeping its own state:
+this rank's engines (``RankEngines``), the trainer, the rollout phase (``Rollouts``:
+scheduler, deferred buffer, chunk tuner), the prompt stream (``PromptStream``), the KL
+controller and :class:`RunState` (step, weight version); and what spans them: phase
+changes and their watchers, the plain-Python snapshot that lets a failed rollout
+checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
 controller, weight version, RNG, and every engine rank's prompt stream position and
-deferred buffer) and pushing the actor weights into this rank's engine. Leaves out:
-construction and start-up order (``colocate.run.builder``), where engines run
-(``colocate.run.placement``) and the step itself (``colocate.run.loop``).
+deferred buffer), and pushing the actor weights into this rank's engine (also the first
+push, when an engine was kept from an earlier run). Leaves out: construction and start-up
+order (``colocate.run.builder``), where engines run (``colocate.run.placement``) and the
+step itself (``colocate.run.loop``).
 """
 
 from __future__ import annotations
@@ -20,28 +24,36 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from transformers import PreTrainedTokenizerBase
+
 from colocate.run import checkpoint, rank_rollouts, weight_sync
 from colocate import faults
 from colocate.config import Config
-from colocate.engine.rollout import Sample, group_member, sample_index
-from colocate.engine.timeline import mark
+from colocate.engine.rollout import Sample
+from colocate.engine.runtime import SglangEngine
+from colocate.engine.timeline import Timeline, mark
 from colocate.errors import ConfigError
+from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
+from colocate.run.prompt_stream import PromptStream
+from colocate.run.tp_exchange import TPExchange
+from colocate.rollout.rollouts import Rollouts
 from colocate.run.resume import check_checkpoint
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
-from colocate.rollout.rollout_phase import Prompt, response_budget
+from colocate.rollout.rollout_phase import Prompt
 from colocate.assets.tasks import chat_prompt_ids
 from colocate.run.timesharing import TimeSharing
-from colocate.trainer.distributed import all_gather_object
+from colocate.trainer.distributed import DistInfo, all_gather_object
+from colocate.trainer.kl_control import KLController
+from colocate.trainer.ppo_trainer import PPOTrainer
 
 
 @dataclasses.dataclass
 class RunState:
-    """Plain-Python progress of a run; saved in every checkpoint."""
+    """Plain-Python progress of a run; saved in every checkpoint (with the prompt stream's
+    position, ``PromptStream.state_dict``, beside it)."""
 
     step: int = 0
-    data_pos: int = 0  # groups this rank has drawn from its prompt stream
-    data_base: int = 0  # where the engine ranks' prompt streams start (Placement.position)
     weight_version: int = 0
     kl: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -74,31 +86,47 @@ def _drain(full: weight_sync.Weights) -> None:
 
 @dataclasses.dataclass
 class Session:
+    """One run on this rank: the owners below, each holding its own state, and the
+    operations that span them (a checkpoint, a weight push, a phase change)."""
+
     cfg: Config
-    dist: Any
-    trainer: Any
-    actor: Any  # this rank's SglangEngine; None on a rank without engines (Placement.hosts_engines)
-    reward_engine: Any
+    dist: DistInfo
+    trainer: PPOTrainer
+    engines: RankEngines  # this rank's actor and reward engine (none on a rank without engines)
     reward_fns: list[RewardFn]
-    tokenizer: Any
-    prompts: list[Prompt]
-    kl_ctl: Any
+    tokenizer: PreTrainedTokenizerBase
+    stream: PromptStream  # this rank's training prompts and its position in them
+    kl_ctl: KLController
     state: RunState
     timesharing: TimeSharing
     out_dir: Path
     log: Callable[[str], None]
-    rollouts: Any = None  # colocate.rollout.rollouts.Rollouts on each engine rank (every mode), else None
+    rollouts: Rollouts | None = None  # the rollout phase on each engine rank (every mode), else None
     phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
     _snapshot: dict[str, Any] | None = None
-    on_phase: Callable[[str], None] | None = None  # e.g. a progress bar showing the phase
+    _phase_watchers: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
     eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
     placement: Placement = Placement()  # who generates where (one rank: everything here)
-    timeline: Any = None  # colocate.engine.timeline.Timeline when run.timeline (rank 0), else None
+    timeline: Timeline | None = None  # rank 0's per-request timeline when run.timeline, else None
     _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
-    tp_exchange: Any = None  # colocate.run.tp_exchange.TPExchange with engines.tp_size > 1 (every rank), else None
+    tp_exchange: TPExchange | None = None  # with engines.tp_size > 1 (every rank), else None
     # builds the rollout phase of a config on this rank's engines (builder.make_rollouts); None without engines
-    rollouts_for: Callable[[Config], Any] | None = None
+    rollouts_for: Callable[[Config], Rollouts] | None = None
+
+    @property
+    def actor(self) -> SglangEngine | None:
+        """This rank's actor engine; None on a rank without engines (``Placement.hosts_engines``)."""
+        return self.engines.actor
+
+    @property
+    def reward_engine(self) -> SglangEngine | None:
+        """This rank's inline reward engine; None with rule rewards only or the feeder's process."""
+        return self.engines.reward
+
+    def watch_phases(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(phase)`` at every phase change (e.g. a progress bar)."""
+        self._phase_watchers.append(callback)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -109,7 +137,7 @@ class Session:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
         during the rollout can still checkpoint exactly that step."""
         self._snapshot = {
-            "run": copy.deepcopy(dataclasses.asdict(self.state)) | {"kl": self.kl_ctl.state_dict()},
+            "run": copy.deepcopy(self._run_state()) | {"kl": self.kl_ctl.state_dict()},
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
         }
@@ -129,8 +157,8 @@ class Session:
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         mark(self.timeline, phase)
-        if self.on_phase is not None:
-            self.on_phase(phase)
+        for watch in self._phase_watchers:
+            watch(phase)
 
     def save_after_failure(self) -> Path | None:
         """Checkpoint the last completed step after a failure. During the rollout the
@@ -149,23 +177,14 @@ class Session:
         return self.dist.rank == 0
 
     def new_sample(self, index: int) -> Sample:
-        """Sample ``index`` (local to this rank): member ``index % n`` of group ``index // n``
-        (n = ``rollout.group_size``). The group's first member draws the next prompt of this
-        rank's stream (``Placement.position``) through a fixed, seeded cycle over the prompt
-        set; the others share it. Each member gets its own token budget (``response_budget``
-        at draw ``position * n + member``). Call in ascending index order."""
+        """Sample ``index`` of this rank's prompt stream (``PromptStream.sample``); the
+        step's first draw is ``run.fault_at``'s "engine" and "generate" points. Call in
+        ascending index order."""
         if not self._drawn:
             self._drawn = True
             self.fault("engine", self.state.step + 1)
             self.fault("generate", self.state.step + 1)
-        n = self.cfg.rollout.group_size
-        group, member = group_member(index, n)
-        if member == 0:
-            self.state.data_pos += 1
-        pos = self.placement.position(self.state.data_base, self.state.data_pos - 1)
-        prompt = self.prompts[pos % len(self.prompts)]
-        budget = response_budget(self.cfg.rollout, self.cfg.run.seed, sample_index(pos, member, n))
-        return Sample(index, list(prompt.ids), budget, group=group, record=dict(prompt.record))
+        return self.stream.sample(index)
 
     def sync_weights(self) -> float:
         """Push the trainer's actor weights to the engines as a new version (gather + push)."""
@@ -211,8 +230,7 @@ class Session:
 
     def engine_requests(self) -> dict[str, int]:
         """Requests sent so far to this rank's actor and (inline) reward engine."""
-        engines = {"actor": self.actor, "reward": self.reward_engine}
-        return {role: eng.requests for role, eng in engines.items() if eng is not None}
+        return self.engines.requests()
 
     def requests_since(self, before: dict[str, int]) -> dict[str, int]:
         """``engine/<role>_requests``: requests sent to each engine since ``before``."""
@@ -221,11 +239,15 @@ class Session:
     def save_checkpoint(self) -> Path | None:
         self.state.kl = self.kl_ctl.state_dict()
         return self._save({
-            "run": dataclasses.asdict(self.state),
+            "run": self._run_state(),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             # the deferred buffer: no partial rollout is lost or duplicated
             "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
         })
+
+    def _run_state(self) -> dict[str, Any]:
+        """The checkpoint's "run" part: the run's progress and this rank's stream position."""
+        return dataclasses.asdict(self.state) | self.stream.state_dict()
 
     def _save(self, plain: dict[str, Any]) -> Path | None:
         trainer_state = self.trainer.state_dict()  # collective: every rank takes part
@@ -246,7 +268,8 @@ class Session:
         live = self.trainer.saved_shapes()  # no critic: critic-free; LoRA: the trainable tensors
         check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])
-        self.state = RunState(**parts["run"])
+        fields = {f.name for f in dataclasses.fields(RunState)}
+        self.state = RunState(**{k: v for k, v in parts["run"].items() if k in fields})
         self.kl_ctl.load_state_dict(self.state.kl)
         base, states = rank_rollouts.saved_states(parts)
         base, states, note = rank_rollouts.redistribute(base, states, self.placement.engine_ranks,
@@ -254,7 +277,7 @@ class Session:
         if note is not None:
             self.log(f"resume: {note}")
         own = states[self.placement.engine_rank]
-        self.state.data_base, self.state.data_pos = base, own["data_pos"]
+        self.stream.load_state_dict({"data_base": base, "data_pos": own["data_pos"]})
         if self.rollouts is not None and own["overlap"] is not None:  # None: a sequential run before 2026-11-25
             self.rollouts.load_state_dict(own["overlap"])
         random.setstate(parts["rng"]["python"])
@@ -266,8 +289,13 @@ class Session:
         start-up (and a resume). CUDA: the engines released their memory right after they
         started (``timesharing.release``) and the actor's weights without a host copy, so
         offload the trainer, wake the engines and push the weights. CPU: push only after a
-        resume (the engine restarted at the base weights). Collective: same on every rank."""
-        if not resumed and self.dist.device.type != "cuda":
+        resume (the engine started at the base weights) or when an engine was kept from an
+        earlier run (``engine.pool``: it serves that run's weights). Collective: same on
+        every rank."""
+        kept = self.engines.reused
+        if self.dist.world_size > 1:
+            kept = any(all_gather_object(kept, self.dist))
+        if not resumed and not kept and self.dist.device.type != "cuda":
             return
         self.state.weight_version -= 1  # push_weights counts it up again
         self.timesharing.wake_and_sync(self.gather_weights, self.push_weights)
@@ -284,6 +312,7 @@ class Session:
         self.trainer.load_state_dict(trainer_state)
         self.kl_ctl.load_state_dict(kl_state)
         self.state = RunState(weight_version=self.state.weight_version)
+        self.stream.load_state_dict({"data_base": 0, "data_pos": 0})
         self.sync_weights()
         if self.reward_engine is not None:
             self.reward_engine.flush_cache()
@@ -291,8 +320,8 @@ class Session:
             self.rollouts = self.rollouts_for(cfg)
 
     def close(self) -> None:
+        """End the run's rollout phase and hand the engines back (shut down, or kept by
+        the pool they came from)."""
         if self.rollouts is not None:
             self.rollouts.close()
-        for eng in (self.reward_engine, self.actor):
-            if eng is not None:
-                eng.shutdown()
+        self.engines.close()

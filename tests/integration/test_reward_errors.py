@@ -179,7 +179,7 @@ def test_reward_error_fails_the_run_and_keeps_the_last_step(models, short_prompt
     swapped = []
 
     def longer_prompts_after_step_1(rec):
-        session.prompts = [long_prompt] * 8
+        session.stream.prompts = [long_prompt] * 8
         swapped.append(time.monotonic())
 
     try:
@@ -211,14 +211,14 @@ def test_start_up_check_refuses_the_run_before_any_engine(models, run_overrides,
     assert "+ rollout.max_new_tokens (48)" in lines[0] and "context length 64" in lines[0]
 
 
-def test_failing_held_out_evaluation_fails_like_a_step(models, short_prompts, run_overrides, tmp_path):
+def test_failing_held_out_evaluation_fails_like_a_step(models, short_prompts, run_overrides, tmp_path, engine_pool):
     """The evaluation after step 1 meets held-out prompts too long for the reward model (swapped
     in after the start, as for the steps above): one line, and step 1's checkpoint written by
     the failure path (run.save_every=100 writes none)."""
     out = tmp_path / "eval"
     cfg = load_config(overrides=_overrides(run_overrides, models, out, short_prompts, "overlap.mode=sequential",
                                            "run.eval_every=1", "data.eval_prompts=2"))
-    session = builder.build(cfg, log=lambda m: None)
+    session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
     long_prompt = Prompt(tuple(chat_prompt_ids(session.tokenizer, "z" * 60)), {})
 
     def longer_held_out_prompts(rec):

@@ -24,6 +24,7 @@ import torch
 import torch.multiprocessing as mp
 
 from colocate.run import tp_exchange, weight_sync
+from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
 from colocate.run.session import RunState, Session
 
@@ -83,7 +84,7 @@ class _Engine:
 
 def _session(rank: int, actor, tp) -> Session:
     cfg = SimpleNamespace(run=SimpleNamespace(fault_at=None), engines=SimpleNamespace(sync_bucket_mb=1))
-    return Session(cfg, None, None, actor, None, [], None, [], None, RunState(),
+    return Session(cfg, None, None, RankEngines(actor), [], None, None, None, RunState(),
                    SimpleNamespace(device_push=True), Path("."), print, tp_exchange=tp)
 
 

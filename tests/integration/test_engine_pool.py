@@ -1,0 +1,61 @@
+"""EnginePool on a real CPU engine: an engine given back is handed over again for an equal
+config (and only for it), a dead or paused one is shut down instead of kept, and the pool
+keeps at most ``max_idle``. That a run on a kept engine trains exactly as on a fresh one
+(its own weights pushed first) is checked by ``test_soak.py``'s same-seed runs, which
+share one pool."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+
+from colocate.engine.pool import EnginePool
+from colocate.engine.runtime import EngineConfig, run_guarded
+
+pytestmark = pytest.mark.slow
+
+
+def test_kept_engines_are_handed_over_for_an_equal_config_only(tiny_actor_path):
+    cfg = EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=4096, threads=1)
+    with EnginePool(max_idle=1) as pool:
+        eng, reused = pool.take(cfg)
+        assert not reused and pool.started == 1
+        pool.give_back(eng)
+        assert pool.idle() == 1
+        again, reused = pool.take(dataclasses.replace(cfg))  # equal, not the same object
+        assert again is eng and reused and pool.reused == 1 and pool.idle() == 0
+        assert eng.read_weight("model.norm.weight", truncate=4)  # still serving
+
+        run_guarded([eng], eng.pause("in_place"))  # a paused engine holds requests: never kept
+        pool.give_back(eng)
+        assert eng.closed and pool.idle() == 0
+        assert not any(_running(p) for p in eng.child_pids)
+
+        fresh, reused = pool.take(cfg)
+        assert not reused and fresh is not eng and pool.started == 2
+        pool.give_back(fresh)
+        os.kill(fresh.child_pids[0], signal.SIGKILL)  # dies while kept
+        time.sleep(0.5)
+        kept, reused = pool.take(cfg)  # shut down on the way out, a new one started
+        assert kept is not fresh and not reused and fresh.closed and pool.started == 3
+        pool.give_back(kept)
+        assert pool.idle() == 1
+        pool.give_back(kept)  # twice: kept once
+        assert pool.idle() == 1
+        again, reused = pool.take(cfg)
+        second, _ = pool.take(cfg)  # none idle: a second engine of the same config
+        assert again is kept and reused and second is not kept and pool.started == 4
+        pool.give_back(kept)
+        pool.give_back(second)  # max_idle 1: the oldest kept one is shut down
+        assert pool.idle() == 1 and kept.closed and not second.closed
+    assert second.closed  # the pool's end shuts down what it kept
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
