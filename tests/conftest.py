@@ -1,7 +1,10 @@
 """Shared fixtures: tiny random models built per session, and real SGLang engines on CPU.
 
-Engines are session-scoped (a start costs ~15 s on 2 cores); tests that change engine
-state (weights) restore it or use their own engine.
+Engines are session-scoped (a start costs ~13 s on 2 cores); tests that change engine
+state (weights) restore it or use their own engine. Runs (``api.train``, ``builder.build``)
+that leave their engines alive take them from :func:`engine_pool`, so the suite starts
+each engine configuration once instead of once per run; ``tiny_pair`` builds one folder
+pair per seed pair, so modules with the same seeds share models (and so engines).
 
 Pinned to CPU, on a CUDA machine too: the shared engines start with ``device="cpu"`` and
 every run the tests build carries :data:`CPU` (``engines.device=cpu``, which also puts
@@ -18,6 +21,7 @@ import pytest
 import torch
 
 from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.engine.pool import EnginePool
 
 CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
 
@@ -70,13 +74,26 @@ def _few_threads():
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    """Builds a tiny (actor, reward model) pair of folders: ``tiny_pair(name, actor_seed, rm_seed)``."""
+    """Builds a tiny (actor, reward model) pair of folders: ``tiny_pair(name, actor_seed,
+    rm_seed)``; the same seeds give the same folders (built once, under the first name)."""
+    built: dict[tuple[int, int], tuple[str, str]] = {}
+
     def build(name: str, actor_seed: int, rm_seed: int) -> tuple[str, str]:
-        root = tmp_path_factory.mktemp(name)
-        return (str(build_tiny_causal_lm(root / "actor", seed=actor_seed)),
-                str(build_tiny_reward_model(root / "rm", seed=rm_seed)))
+        if (actor_seed, rm_seed) not in built:
+            root = tmp_path_factory.mktemp(name)
+            built[actor_seed, rm_seed] = (str(build_tiny_causal_lm(root / "actor", seed=actor_seed)),
+                                          str(build_tiny_reward_model(root / "rm", seed=rm_seed)))
+        return built[actor_seed, rm_seed]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def engine_pool():
+    """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
+    engine settings an earlier run used takes its engines instead of starting its own."""
+    with EnginePool(max_idle=4) as pool:
+        yield pool
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 ``python -m torch.distributed.run --standalone --nproc-per-node=N rank_worker.py SPEC.json``
 runs, for each entry of the spec's ``runs`` (``overrides``, ``steps``, optional ``resume``,
-``checkpoint``, ``save_actor``), a session of real engines on every rank: the PPO steps,
+``checkpoint``, ``save_actor``), a session of real engines on every rank (a run on the
+engine settings of an earlier one takes its engines, ``colocate.engine.pool``): the PPO steps,
 after each one checking that this rank's actor engine serves exactly the trainer's weights;
 then, as asked, a checkpoint and the actor's state.
 Each rank writes ``<out>.<rank>.json`` (per run: the step records, the weight checks and
@@ -30,12 +31,13 @@ def served_equals_trainer(session, state: dict[str, torch.Tensor]) -> bool:
     return True
 
 
-def run(spec: dict) -> dict:
+def run(spec: dict, pool) -> dict:
     from colocate.run import builder, loop
     from colocate.config import load_config
 
     logs: list[str] = []
-    session = builder.build(load_config(None, spec["overrides"]), resume=spec.get("resume"), log=logs.append)
+    session = builder.build(load_config(None, spec["overrides"]), resume=spec.get("resume"), log=logs.append,
+                            engines=pool)
     try:
         out = {"rank": session.dist.rank, "records": [], "synced": [], "log": logs}
         everywhere = session.gather_weights()
@@ -58,8 +60,11 @@ def run(spec: dict) -> dict:
 
 
 def main(path: str) -> None:
+    from colocate.engine.pool import EnginePool
+
     spec = json.loads(Path(path).read_text())
-    results = [run(one) for one in spec["runs"]]
+    with EnginePool() as pool:  # a run on the engine settings of an earlier one takes its engines
+        results = [run(one, pool) for one in spec["runs"]]
     rank = results[0]["rank"]
     Path(f"{spec['out']}.{rank}.json").write_text(json.dumps(results))
 

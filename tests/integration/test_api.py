@@ -26,7 +26,7 @@ def config(tiny_actor_path, tiny_rm_path, out_dir, *extra):
 
 @pytest.mark.parametrize("mode", ["sequential", "oppo"])
 def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm_path, tmp_path, mode,
-                                                         monkeypatch):
+                                                         monkeypatch, engine_pool):
     texts, steps = [], []
 
     def offset(record, text):  # sync
@@ -41,7 +41,8 @@ def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm
     cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / mode, f"overlap.mode={mode}",
                  "overlap.chunk_size=4", "overlap.delta_init=1", "overlap.delta_adaptive=false",
                  "run.wandb_project=colocate-test", "run.wandb_mode=offline")
-    summary = api.train(cfg, reward_fns=[offset, length_bonus], callbacks=[steps.append], quiet=True)
+    summary = api.train(cfg, reward_fns=[offset, length_bonus], callbacks=[steps.append], quiet=True,
+                        engines=engine_pool)
     assert [rec["step"] for rec in steps] == [1, 2] == [h["step"] for h in summary.history]
     for rec in steps:
         # the reward model's score plus both functions: the offset dominates
@@ -58,7 +59,7 @@ def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm
     assert all(key in data for key in (b"reward_mean", b"time/generate", b"reward_first", b"overlap"))
 
 
-def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_path):
+def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
     seen = []
 
     def rule(record, text):
@@ -68,14 +69,14 @@ def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_p
     cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / "inter", "overlap.mode=inter",
                  "reward.kind=rule", "reward.rule=vader", "overlap.delta_init=2",
                  "overlap.delta_adaptive=false")
-    summary = api.train(cfg, reward_fns=[rule], quiet=True)
+    summary = api.train(cfg, reward_fns=[rule], quiet=True, engines=engine_pool)
     assert [h["trained_samples"] for h in summary.history] == [4, 4]
     for h in summary.history:  # vader in [-1, 1] plus the rule in {0, 1}
         assert -1.0 <= h["reward_mean"] <= 2.0
     assert len(seen) >= 8
 
 
-def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, tiny_rm_path, tmp_path):
+def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
     import collections
     import json
 
@@ -92,7 +93,7 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
         seen[record["id"]] += 1
         return float("nan") if record["id"] == held[0] else 0.0
 
-    summary = api.train(cfg, reward_fns=[count], quiet=True)
+    summary = api.train(cfg, reward_fns=[count], quiet=True, engines=engine_pool)
     # evaluated after 0, 1 and 2 steps: each held-out prompt scored 3 times, by greedy decoding
     assert [e["step"] for e in summary.evals] == [0, 1, 2]
     assert all(e["prompts"] == len(e["scores"]) == 3 and e["weight_version"] == e["step"] for e in summary.evals)

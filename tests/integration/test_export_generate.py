@@ -21,12 +21,12 @@ PROMPTS = ["tell me about rainy days", "what is a good breakfast?"]
 
 
 @pytest.fixture(scope="module")
-def trained_run(tiny_pair, run_overrides, tmp_path_factory):
+def trained_run(tiny_pair, run_overrides, tmp_path_factory, engine_pool):
     models = tiny_pair("export", 11, 12)
     out = tmp_path_factory.mktemp("export-run")
     cfg = load_config(overrides=run_overrides(models, out, "run.steps=2", "rollout.max_new_tokens=8",
                                               "ppo.actor_lr=1e-3", "run.eval_every=0"))
-    summary = api.train(cfg, quiet=True)
+    summary = api.train(cfg, quiet=True, engines=engine_pool)
     assert summary.steps == 2
     return summary, models[0]
 

@@ -48,9 +48,9 @@ def _check_groups(samples, n=2):
         assert len(s.output_ids) == len(s.logprobs) == len(s.versions) == s.max_new_tokens  # ignore_eos: to budget
 
 
-def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoint(tiny_pair, run_overrides, tmp_path):
+def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoint(tiny_pair, run_overrides, tmp_path, engine_pool):
     models = tiny_pair("groups", 7, 8)
-    session = builder.build(_config(models, tmp_path, run_overrides, "overlap.mode=oppo"), log=lambda m: None)
+    session = builder.build(_config(models, tmp_path, run_overrides, "overlap.mode=oppo"), log=lambda m: None, engines=engine_pool)
     try:
         steps = []
         for _ in range(2):
@@ -87,11 +87,11 @@ def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoin
 @pytest.mark.parametrize("mode,advantage,kl_in", [("sequential", "grpo", "loss"), ("oppo", "rloo", "reward"),
                                                   ("inter", "reinforce_baseline", "reward")])
 def test_critic_free_runs_train_whole_groups_without_a_critic(tiny_pair, run_overrides, tmp_path, mode, advantage,
-                                                               kl_in):
+                                                               kl_in, engine_pool):
     models = tiny_pair("critic-free", 9, 10)
     cfg = _config(models, tmp_path, run_overrides, f"overlap.mode={mode}", f"ppo.advantage={advantage}",
                   f"ppo.kl_in={kl_in}", "run.steps=3", "run.save_every=3", "ppo.actor_lr=1e-3")
-    hist = api.train(cfg, quiet=True).history
+    hist = api.train(cfg, quiet=True, engines=engine_pool).history
     assert [h["trained_samples"] for h in hist] == [4, 4, 4]
     for h in hist:
         assert h["rollout/groups"] == 2

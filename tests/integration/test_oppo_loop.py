@@ -6,17 +6,14 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
-from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 from colocate.rollout.rollout_phase import response_budget
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("oppo")
-    return (str(build_tiny_causal_lm(root / "actor", seed=5)),
-            str(build_tiny_reward_model(root / "rm", seed=6)))
+def models(tiny_pair):
+    return tiny_pair("oppo", 5, 6)
 
 
 def config(models, out_dir, *extra):
@@ -30,7 +27,7 @@ def config(models, out_dir, *extra):
 
 
 @pytest.mark.parametrize("mode", ["intra", "inter", "oppo"])
-def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
+def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode, engine_pool):
     # Long-tailed budgets (seed 0): step 1 launches budgets [33, 55, 128, 9, 9, 1, 17], so the
     # first B=4 finish by token 17 while the 128-token request is still far from done and
     # must be carried as a partial (with fixed budgets all 7 could finish before the abort).
@@ -40,7 +37,7 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
                  "rollout.length_sigma=1.5", "rollout.ignore_eos=true")
     budgets = sorted(response_budget(cfg.rollout, cfg.run.seed, p) for p in range(7))
     assert budgets[-1] >= 4 * budgets[3], budgets  # the premise above
-    summary = api.train(cfg, quiet=True)
+    summary = api.train(cfg, quiet=True, engines=engine_pool)
     hist = summary.history
     assert [h["step"] for h in hist] == [1, 2, 3]
     for h in hist:
@@ -55,7 +52,7 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode):
     assert rank["overlap"]["scheduler"]["next_index"] >= 12
 
 
-def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models, tmp_path):
+def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models, tmp_path, engine_pool):
     # auto with one trial each and a re-exploration every 2 steps: steps 1-5 are the
     # warm-up (sequential) and one step of sequential, intra, inter, oppo; the long tail
     # (as above) makes inter/oppo defer, and the next step without deferral finishes them
@@ -64,7 +61,7 @@ def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models,
              "overlap.delta_init=3", "overlap.delta_adaptive=false", "overlap.chunk_size=8",
              "rollout.max_new_tokens=128", "rollout.length_dist=lognormal", "rollout.length_median=8",
              "rollout.length_sigma=1.5", "rollout.ignore_eos=true"]
-    hist = api.train(config(models, out, "run.steps=6", *extra), quiet=True).history
+    hist = api.train(config(models, out, "run.steps=6", *extra), quiet=True, engines=engine_pool).history
     ran = [(h["overlap/auto_streamed"], h["overlap/auto_deferral"]) for h in hist]
     assert ran[:5] == [(0, 0), (0, 0), (1, 0), (0, 1), (1, 1)], ran
     assert all(h["trained_samples"] == 4 for h in hist)
@@ -77,7 +74,7 @@ def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models,
             assert h["overlap/deferred"] == 0  # what deferral left (<= Δ < B) is finished first
     from colocate.run import checkpoint
 
-    every = api.train(config(models, out, "run.steps=8", *extra), quiet=True, resume=out).history
+    every = api.train(config(models, out, "run.steps=8", *extra), quiet=True, resume=out, engines=engine_pool).history
     assert [h["step"] for h in every] == list(range(1, 9))  # the run's whole history
     hist2 = every[6:]
     assert all(f"overlap/auto_cost_{m}" in hist2[0] for m in ("sequential", "intra", "inter", "oppo"))

@@ -108,7 +108,7 @@ def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
 
 
 @pytest.mark.parametrize("how,needle", [("SIGKILL", "reward feeder"), ("SIGSTOP", "stopped answering")])
-def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_rm_path, tmp_path, how, needle):
+def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_rm_path, tmp_path, how, needle, engine_pool):
     """SIGKILL: the feeder is gone; SIGSTOP: it is alive but silent (a hang). Either way the
     step fails within the feeder timeout with one line, and nothing waits forever."""
     from colocate.run import builder, loop as ppo_loop
@@ -121,7 +121,7 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
         "overlap.chunk_size=2", "rollout.batch_size=4", "rollout.max_new_tokens=200",
         "data.max_prompt_tokens=512", "run.steps=1",
         "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu"])
-    session = builder.build(cfg, log=lambda m: None)
+    session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
     pid = session.rollouts.feeder_pid()
     assert pid is not None
 
@@ -143,7 +143,7 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
         session.close()
 
 
-def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, tiny_rm_path, tmp_path):
+def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
     """With ``overlap.feeder=process`` the reward model lives only in the feeder's process:
     the held-out evaluation scores through it, equal to the in-process reward engine's scores
     of the same greedy responses; under ``overlap.mode=auto`` the steps that do not stream
@@ -161,7 +161,7 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
             "overlap.mode=intra", f"overlap.feeder={feeder}", "overlap.chunk_size=4", "rollout.batch_size=4",
             "rollout.max_new_tokens=8", "data.max_prompt_tokens=512", "data.eval_prompts=4", "run.steps=2",
             "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu",
-            *extra]), log=lambda m: None)
+            *extra]), log=lambda m: None, engines=engine_pool)
 
     inline = session("inline")
     try:

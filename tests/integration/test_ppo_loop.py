@@ -9,16 +9,13 @@ import torch
 
 from colocate import api
 from colocate.config import load_config
-from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loop")
-    return (str(build_tiny_causal_lm(root / "actor", seed=3)),
-            str(build_tiny_reward_model(root / "rm", seed=4)))
+def models(tiny_pair):
+    return tiny_pair("loop", 3, 4)
 
 
 def config(models, out_dir, *extra):
@@ -31,11 +28,11 @@ def config(models, out_dir, *extra):
         "run.save_every=1", "engines.device=cpu", *extra])
 
 
-def test_three_steps_sync_weights_and_learn_something(models, tmp_path):
+def test_three_steps_sync_weights_and_learn_something(models, tmp_path, engine_pool):
     from colocate.run import builder, loop
 
     cfg = config(models, tmp_path / "run", "run.steps=3")
-    session = builder.build(cfg, log=lambda m: None)
+    session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
     try:
         history = loop.train(session)
         assert [h["step"] for h in history] == [1, 2, 3]
@@ -60,12 +57,12 @@ def test_three_steps_sync_weights_and_learn_something(models, tmp_path):
         "step_00000002", "step_00000003"]
 
 
-def test_two_plus_resume_plus_two_equals_four(models, tmp_path):
+def test_two_plus_resume_plus_two_equals_four(models, tmp_path, engine_pool):
     greedy = ("rollout.temperature=0",)  # sampling streams restart with an engine; greedy does not
-    straight = api.train(config(models, tmp_path / "a", "run.steps=4", *greedy), quiet=True)
-    api.train(config(models, tmp_path / "b", "run.steps=2", *greedy), quiet=True)
+    straight = api.train(config(models, tmp_path / "a", "run.steps=4", *greedy), quiet=True, engines=engine_pool)
+    api.train(config(models, tmp_path / "b", "run.steps=2", *greedy), quiet=True, engines=engine_pool)
     resumed = api.train(config(models, tmp_path / "b", "run.steps=4", *greedy),
-                        resume=str(tmp_path / "b"), quiet=True)
+                        resume=str(tmp_path / "b"), quiet=True, engines=engine_pool)
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4]
     for a, b in zip(straight.history, resumed.history):
         for key in ("reward_mean", "kl", "actor/policy_loss", "critic/value_loss", "response_len"):

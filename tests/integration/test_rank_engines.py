@@ -57,7 +57,8 @@ def launched(tiny_pair, tmp_path_factory):
     ranks = _launch(tmp, "two", 2, two)
     one = [{"overrides": _base(models, "overlap.mode=sequential", *greedy, f"run.out_dir={tmp / 'seq1'}"),
             "steps": 2, "save_actor": str(tmp / "actor1.pt")},
-           {"overrides": _base(models, "overlap.mode=oppo", f"run.out_dir={tmp / 'oppo'}", "run.steps=3"),
+           {"overrides": _base(models, "overlap.mode=oppo", f"run.out_dir={tmp / 'oppo'}", "run.steps=3",
+                               "engines.actor_threads=2", "engines.reward_threads=2"),  # the first run's engines
             "steps": 1, "resume": str(tmp / "oppo")}]
     [single] = _launch(tmp, "one", 1, one)
     return {"models": models, "tmp": tmp, "two": ranks, "one": single}

@@ -41,13 +41,13 @@ def _scheduler_pid(engine) -> int:
     return engine.child_pids[0]
 
 
-def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides, tmp_path):
+def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides, tmp_path, engine_pool):
     out = tmp_path / "run"
     cfg = load_config(overrides=overrides(models, out, "run.steps=4", "overlap.mode=oppo",
                                           "overlap.delta_init=2", "overlap.delta_adaptive=false",
                                           "rollout.ignore_eos=true", "rollout.max_new_tokens=400",
                                           "rollout.length_dist=lognormal", "rollout.length_median=60"))
-    session = builder.build(cfg, log=lambda m: None)
+    session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
     victim = _scheduler_pid(session.actor)
 
     def kill_during_step_3(rec):
@@ -78,7 +78,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
     resumed = api.train(load_config(overrides=overrides(
         models, out, "run.steps=4", "overlap.mode=oppo", "overlap.delta_init=2", "overlap.delta_adaptive=false",
         "rollout.ignore_eos=true", "rollout.max_new_tokens=400", "rollout.length_dist=lognormal",
-        "rollout.length_median=60")), resume=str(out), quiet=True)
+        "rollout.length_median=60")), resume=str(out), quiet=True, engines=engine_pool)
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4]
     assert all(h["trained_samples"] == 4 for h in resumed.history)
     # the deferred samples of step 2 came back (resumed) instead of being lost or duplicated
@@ -108,7 +108,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, t
     assert 1 <= step < 50
 
 
-def test_non_finite_reward_skips_the_update(models, overrides, tmp_path):
+def test_non_finite_reward_skips_the_update(models, overrides, tmp_path, engine_pool):
     # no held-out evaluation: the first reward calls must be the first training batch's
     cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2", "run.eval_every=0"))
     calls = []
@@ -117,16 +117,16 @@ def test_non_finite_reward_skips_the_update(models, overrides, tmp_path):
         calls.append(1)
         return float("nan") if len(calls) <= 4 else 0.0  # the whole first batch is poisoned
 
-    summary = api.train(cfg, reward_fns=[sometimes_nan], quiet=True)
+    summary = api.train(cfg, reward_fns=[sometimes_nan], quiet=True, engines=engine_pool)
     first, second = summary.history
     assert first["skipped"].startswith("non-finite reward") and first["trained_samples"] == 0
     assert first["weight_version"] == 0  # nothing was trained or synced
     assert second["trained_samples"] == 4 and second["weight_version"] == 1
 
 
-def test_scheduler_dead_during_weight_sync_is_an_error_not_a_hang(models, overrides, tmp_path):
+def test_scheduler_dead_during_weight_sync_is_an_error_not_a_hang(models, overrides, tmp_path, engine_pool):
     session = builder.build(load_config(overrides=overrides(models, tmp_path / "sync", "run.steps=1")),
-                            log=lambda m: None)
+                            log=lambda m: None, engines=engine_pool)
     try:
         os.kill(_scheduler_pid(session.actor), signal.SIGKILL)
         started = time.monotonic()

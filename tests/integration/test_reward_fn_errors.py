@@ -29,24 +29,24 @@ class FailsFromCall:
 @pytest.mark.slow
 # step 1 scores B=4 samples (inter: at most B+Δ=6), so the n-th call falls in step 2
 @pytest.mark.parametrize("mode,n", [("sequential", 5), ("inter", 7)])
-def test_raising_reward_fn_fails_the_step_and_keeps_the_last_checkpoint(tmp_path, tiny_pair, run_overrides, mode, n):
+def test_raising_reward_fn_fails_the_step_and_keeps_the_last_checkpoint(tmp_path, tiny_pair, run_overrides, mode, n, engine_pool):
     models = tiny_pair(f"fnerr-{mode}", 5, 6)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=3", "run.save_every=1",
                                               "run.eval_every=0", "rollout.max_new_tokens=6",
                                               f"overlap.mode={mode}"))
     with pytest.raises(RewardFnError, match="FailsFromCall raised ValueError: no <answer> tag"):
-        api.train(cfg, reward_fns=[FailsFromCall(n)], quiet=True)
+        api.train(cfg, reward_fns=[FailsFromCall(n)], quiet=True, engines=engine_pool)
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps and steps == list(range(1, len(steps) + 1))
     assert (tmp_path / "run" / "checkpoints" / f"step_{steps[-1]:08d}").is_dir()
 
 
 @pytest.mark.slow
-def test_on_error_zero_continues_and_counts(tmp_path, tiny_pair, run_overrides):
+def test_on_error_zero_continues_and_counts(tmp_path, tiny_pair, run_overrides, engine_pool):
     models = tiny_pair("fnerr-zero", 5, 6)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=2", "run.eval_every=0",
                                               "rollout.max_new_tokens=6", "reward.on_error=zero"))
-    summary = api.train(cfg, reward_fns=[FailsFromCall(3)], quiet=True)
+    summary = api.train(cfg, reward_fns=[FailsFromCall(3)], quiet=True, engines=engine_pool)
     assert summary.steps == 2
     counts = [h["reward/fn_errors"] for h in summary.history]
     assert counts == [2, 4]  # calls 3 and 4 of step 1, all 4 of step 2

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("temperature", ["1.0", "0"])
 def test_rollout_old_logp_costs_nothing_and_drift_is_logged(tiny_actor_path, tiny_rm_path, tmp_path,
-                                                            run_overrides, temperature):
+                                                            run_overrides, temperature, engine_pool):
     out = tmp_path / f"t{temperature}"
     cfg = load_config(overrides=run_overrides(
         (tiny_actor_path, tiny_rm_path), out, "run.steps=2", "run.save_every=0", "rollout.max_new_tokens=12",
         f"rollout.temperature={temperature}", "ppo.old_logp=rollout"))
-    api.train(cfg, quiet=True)
+    api.train(cfg, quiet=True, engines=engine_pool)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "step" in r and "time/old_logp" in r]
     assert len(steps) == 2
@@ -32,10 +32,10 @@ def test_rollout_old_logp_costs_nothing_and_drift_is_logged(tiny_actor_path, tin
         assert 0 <= rec["actor/logp_drift_mean"] <= rec["actor/logp_drift_max"] < 1e-4
 
 
-def test_drift_is_logged_with_recompute_too(tiny_actor_path, tiny_rm_path, tmp_path, run_overrides):
+def test_drift_is_logged_with_recompute_too(tiny_actor_path, tiny_rm_path, tmp_path, run_overrides, engine_pool):
     out = tmp_path / "recompute"
     cfg = load_config(overrides=run_overrides(
         (tiny_actor_path, tiny_rm_path), out, "run.steps=1", "run.save_every=0", "rollout.max_new_tokens=12"))
-    api.train(cfg, quiet=True)
+    api.train(cfg, quiet=True, engines=engine_pool)
     [rec] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
     assert rec["actor/logp_drift_max"] < 1e-4 and rec["time/old_logp"] > 0

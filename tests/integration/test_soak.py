@@ -37,12 +37,12 @@ def test_least_squares_slope_helper():
     assert least_squares_slope([4.0, 4.0, 4.0]) == pytest.approx(0.0)
 
 
-def test_fifty_step_soak_has_no_memory_growth(models, overrides, tmp_path):
+def test_fifty_step_soak_has_no_memory_growth(models, overrides, tmp_path, engine_pool):
     cfg = load_config(overrides=overrides(
         models, tmp_path / "soak", f"run.steps={SOAK_STEPS}", "run.save_every=25", "overlap.mode=oppo",
         "overlap.delta_init=2", "overlap.chunk_size=4", "rollout.length_dist=lognormal",
         "rollout.ignore_eos=true"))
-    summary = api.train(cfg, quiet=True)
+    summary = api.train(cfg, quiet=True, engines=engine_pool)
     rss = [h["mem/rss_mb"] for h in summary.history]
     assert len(rss) == SOAK_STEPS and all(r > 0 for r in rss)
     slope = least_squares_slope(rss[WARMUP:])
@@ -52,14 +52,14 @@ def test_fifty_step_soak_has_no_memory_growth(models, overrides, tmp_path):
     assert sum(h["trained_samples"] for h in summary.history) == 4 * SOAK_STEPS
 
 
-def test_same_seed_same_config_same_metrics(models, overrides, tmp_path):
+def test_same_seed_same_config_same_metrics(models, overrides, tmp_path, engine_pool):
     # Greedy: SGLang's CPU sampler draws one RNG stream per batch, so sampled tokens depend
     # on how concurrently sent requests happen to be batched (seen to flip at step 3 in CI);
     # per-request sampling seeds need its deterministic mode, which has no CPU backend.
     keys = ("reward_mean", "reward_std", "kl", "actor/policy_loss", "critic/value_loss")
     runs = [api.train(load_config(overrides=overrides(models, tmp_path / name, "run.steps=3",
                                                       "run.save_every=0", "rollout.temperature=0")),
-                      quiet=True)
+                      quiet=True, engines=engine_pool)
             for name in ("a", "b")]
     assert len({h["reward_mean"] for h in runs[0].history}) > 1  # the policy moved between steps
     for a, b in zip(*(r.history for r in runs)):
@@ -68,9 +68,9 @@ def test_same_seed_same_config_same_metrics(models, overrides, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
-def test_engine_behind_the_trainer_is_detected(models, overrides, tmp_path):
+def test_engine_behind_the_trainer_is_detected(models, overrides, tmp_path, engine_pool):
     session = builder.build(load_config(overrides=overrides(models, tmp_path / "v", "run.steps=1")),
-                            log=lambda m: None)
+                            log=lambda m: None, engines=engine_pool)
     try:
         session.state.weight_version = 3  # the trainer believes in a sync the engine never got
         with pytest.raises(WeightVersionMismatchError, match="version 0 but the trainer is at version 3"):
