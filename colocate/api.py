@@ -25,7 +25,9 @@ from typing import Any, Callable, Sequence
 from colocate.config import Config, to_dict
 from colocate.assets.model_aliases import model_aliases
 from colocate.engine.pool import EnginePool  # engines kept across runs: api.train(..., engines=pool)
+from colocate.monitor.metrics import read, run_summary
 from colocate.monitor.progress import Progress
+from colocate.run.guards import check_main_guard
 
 
 def prepare(with_reward_model: bool = True) -> dict[str, Path]:
@@ -56,8 +58,6 @@ class Summary:
     def describe(self) -> str:
         if not self.history:
             return f"no steps run; output in {self.out_dir}"
-        from colocate.monitor.metrics import run_summary
-
         s = run_summary(self.history, self.evals)
         k = max(1, min(5, sum("reward_mean" in h for h in self.history) // 4))
         stopped = f"stopped by {self.stopped_by} at step {self.steps}; " if self.stopped_by else ""
@@ -113,7 +113,7 @@ def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | 
     an HF folder that transformers and SGLang load (a LoRA run's merged); default
     ``<run>/export/actor_step_*``. ``adapter``: a LoRA run's adapters also as a PEFT
     adapter folder there."""
-    from colocate.tools.export import export_actor as export
+    from colocate.tools.export import export_actor as export  # here, not at the top: it brings torch
 
     return export(run, out, adapter=adapter)
 
@@ -122,8 +122,7 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
     """Responses of ``model`` (a run folder, checkpoint, model folder or alias) to ``prompts``
     -> ``colocate.tools.sample.Generation`` items; ``options``: `colocate.tools.sample.SampleOptions` fields
     (max_new_tokens, temperature, top_p, seed, device, dtype, chat)."""
-    from colocate.run.guards import check_main_guard
-    from colocate.tools.sample import SampleOptions, generate as sample
+    from colocate.tools.sample import SampleOptions, generate as sample  # here, not at the top: it brings torch
 
     check_main_guard(sys.modules["__main__"], "colocate.api.generate")
     return sample(str(model), list(prompts), SampleOptions(**options))
@@ -140,15 +139,13 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     :class:`EnginePool` kept across several runs of this process; a run on the same models
     and engine settings takes the engines an earlier run gave back instead of starting its
     own (its weights are pushed first; see ``colocate.engine.pool``)."""
-    from colocate.run import builder, loop
-    from colocate.run.guards import check_main_guard
-    from colocate.monitor.metrics import read
+    from colocate.run import builder, loop  # here, not at the top: they bring torch and transformers
 
     check_main_guard(sys.modules["__main__"])
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))
     if resume is not None:
-        from colocate.run.resume import check_resume
+        from colocate.run.resume import check_resume  # here, not at the top: it brings torch
 
         check_resume(cfg, resume, log)  # before any engine starts
     session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines)

@@ -7,12 +7,18 @@ status 2. Leaves out: all behaviour (``colocate.api``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import json
 import sys
 
 import click
 
+from colocate import api, launch
+from colocate.config import dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError
+from colocate.tools import doctor as doc
 from colocate.tools.sample import SampleOptions
 
 
@@ -27,7 +33,7 @@ def _friendly(fn):
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except RuntimeError as exc:
-            from colocate.trainer.distributed import lost_peer
+            from colocate.trainer.distributed import lost_peer  # not at the top: torch.distributed is slow to import
 
             if not lost_peer(exc):
                 raise
@@ -78,9 +84,7 @@ def train(config, overrides, resume, print_config, nproc):
       colocate train --resume runs/default --set run.steps=40
       colocate train --nproc 2
     """
-    from colocate import api, launch
-    from colocate.config import dump_yaml, load_config
-    from colocate.run.resume import load_run_config
+    from colocate.run.resume import load_run_config  # here, not at the top: it brings torch.distributed
 
     cfg = load_run_config(resume, config, overrides) if resume else load_config(config, list(overrides))
     if print_config:
@@ -99,8 +103,6 @@ def train(config, overrides, resume, print_config, nproc):
 def _bench_default(module: str, cls: str, field: str):
     """A bench option's default, read from its options dataclass when the command runs
     (so `colocate train` never imports the bench)."""
-    import importlib
-
     return lambda: getattr(getattr(importlib.import_module(f"colocate.bench.{module}"), cls)(), field)
 
 
@@ -149,6 +151,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
       colocate bench --full --convergence --convergence-steps 30
       colocate bench --full --convergence --variant "grpo ppo.advantage=grpo rollout.group_size=4"
     """
+    # here, not at the top: `colocate train` never imports the bench
     from colocate.bench.contention import GuardOptions
     from colocate.bench.convergence import ConvergenceOptions
     from colocate.bench.suite import BenchOptions, run
@@ -191,8 +194,6 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
 def prepare(skip_rm):
     """Convert the packaged SmolLM2-135M-Instruct to safetensors and build the default
     sentiment reward model; both are cached and reused."""
-    from colocate import api
-
     for name, path in api.prepare(with_reward_model=not skip_rm).items():
         click.echo(f"{name}: {path}")
 
@@ -216,8 +217,6 @@ def export(run, out, adapter):
       colocate export runs/default/checkpoints/step_00000010 --out my-actor
       colocate export runs/lora --adapter my-adapter
     """
-    from colocate import api
-
     click.echo(api.export_actor(run, out, adapter=adapter))
     if adapter is not None:
         click.echo(adapter)
@@ -250,11 +249,6 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
       colocate generate runs/default --prompt "What do you think of Mondays?"
       colocate generate smollm2 --prompts-file prompts.txt --temperature 0.7 --jsonl
     """
-    import dataclasses
-    import json
-
-    from colocate import api
-
     texts = list(prompts) + ([line.strip() for line in prompts_file if line.strip()] if prompts_file else [])
     out = api.generate(model, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                        seed=seed, device=device, dtype=dtype, chat=not no_chat)
@@ -272,8 +266,6 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
 def doctor(no_smoke, device):
     """Print device, versions, the CPU op stand-in status and the model cache, then
     start and stop a tiny SGLang engine as a smoke test."""
-    from colocate.tools import doctor as doc
-
     report = doc.run(device=device, smoke=not no_smoke, progress=lambda m: click.echo(m, err=True))
     width = max(len(k) for k in report.facts)
     for key, value in report.facts.items():

@@ -20,6 +20,7 @@ import yaml
 
 from colocate.modes import DEFERRED, MODES, STREAMED
 from colocate.errors import ConfigError
+from colocate.faults import parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,8 +386,6 @@ def validate(cfg: Config) -> None:
 
     LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
     if cfg.run.fault_at:
-        from colocate.faults import parse
-
         parse(cfg.run.fault_at)  # one line naming run.fault_at
 
 

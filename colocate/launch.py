@@ -31,6 +31,7 @@ def torchrun_args(nproc: int, train_args: Sequence[str]) -> list[str]:
 
 def run_torchrun(nproc: int, train_args: Sequence[str]) -> None:
     """Start ``nproc`` ranks of ``colocate train ARGS`` on this node and wait for them."""
+    # here, not at the top: torch's launcher is heavy and only --nproc needs it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import vader.data.lexicon as lexicon
 
 from colocate.assets.tasks import chat_prompt_ids, vader_reward
 
@@ -69,8 +70,6 @@ class TextMaker:
     """Seeded source of template sentences and counterfactual rewrites (its own RNG, no globals)."""
 
     def __init__(self, seed: int):
-        import vader.data.lexicon as lexicon
-
         self.rng = random.Random(seed)
         self.lexicon = lexicon.LEXICON
         self.strong = sorted(

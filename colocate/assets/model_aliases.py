@@ -15,10 +15,10 @@ from colocate.errors import ConfigError
 
 def model_aliases() -> dict[str, Callable[[], Path]]:
     """Names accepted for ``models.*`` that colocate builds from packaged sources."""
-    from colocate.assets.models import prepare_smollm2
+    from colocate.assets.models import prepare_smollm2  # here, not at the top: it brings torch (api imports this)
 
     def sentiment_rm() -> Path:
-        from colocate.assets.sentiment_rm import prepare_sentiment_rm
+        from colocate.assets.sentiment_rm import prepare_sentiment_rm  # torch and transformers: only when asked for
 
         return prepare_sentiment_rm()
 

@@ -147,6 +147,7 @@ def _convert_gguf(source: Path, out: Path, dtype: torch.dtype) -> bool:
     with transformers' own GGUF reader (`load_gguf_checkpoint`), which undoes llama.cpp's
     q/k permutation and dequantises Q4_1/Q8_0 blocks to float32 numpy arrays.
     """
+    # transformers on demand: the cache helpers stay light
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -173,7 +174,7 @@ def _convert_gguf(source: Path, out: Path, dtype: torch.dtype) -> bool:
 
 def _verify_converted(folder: Path, *, tie_word_embeddings: bool, dtype: torch.dtype) -> None:
     """Fail before install unless the folder reloads with plain `from_pretrained`, as expected."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers on demand: the cache helpers stay light
 
     config = json.loads((folder / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -229,6 +230,7 @@ def build_tiny_tokenizer(path: str | os.PathLike[str], *, max_length: int = 1024
     Every string round-trips; no token is added automatically (as in SmolLM2); the chat
     template is ChatML. Vocabulary size is `TINY_VOCAB_SIZE` (259).
     """
+    # transformers on demand: the cache helpers stay light
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -270,7 +272,7 @@ def build_tiny_causal_lm(
     max_positions: int = 1024,
 ) -> Path:
     """Random float32 `LlamaForCausalLM`/`Qwen2ForCausalLM` (untied) plus the tiny tokenizer, in `path`."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers on demand: the cache helpers stay light
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions)
     return _save_seeded(path, seed, lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32))
@@ -278,7 +280,7 @@ def build_tiny_causal_lm(
 
 def build_shaped_causal_lm(path: str | os.PathLike[str], shape: str, *, seed: int = 0) -> Path:
     """Random float32 causal LM of the named `MODEL_SHAPES` entry (with the tiny tokenizer), in `path`."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers on demand: the cache helpers stay light
 
     if shape not in MODEL_SHAPES:
         raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
@@ -306,7 +308,7 @@ def build_tiny_reward_model(
 
     `pad_token_id` is set in the config: HF pools the last non-pad token with it.
     """
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification  # transformers on demand: the cache helpers stay light
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions, num_labels=1)
 
@@ -321,6 +323,7 @@ def build_tiny_reward_model(
 
 def build_tiny_bidirectional_model(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     """Random one-label `BertForSequenceClassification`: a non-causal model the reward engine must refuse."""
+    # transformers on demand: the cache helpers stay light
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(
@@ -333,7 +336,7 @@ def build_tiny_bidirectional_model(path: str | os.PathLike[str], *, seed: int = 
 def _tiny_config(
     arch: Arch, hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, max_positions: int, **extra: object
 ) -> PretrainedConfig:
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config  # transformers on demand: the cache helpers stay light
 
     configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
     if arch not in configs:
@@ -358,7 +361,7 @@ def _tiny_config(
 
 def _save_seeded(path: str | os.PathLike[str], seed: int, make: Callable[[], torch.nn.Module]) -> Path:
     """Build a model under `seed` without touching the caller's RNG; save it with the tiny tokenizer."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # transformers on demand: the cache helpers stay light
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

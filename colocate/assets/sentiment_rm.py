@@ -96,7 +96,7 @@ def _base_identity(base: Path) -> object:
 def build_sentiment_rm(out: Path, base: Path, config: DistillConfig,
                        progress: Callable[[str], object] = print) -> dict[str, float]:
     """Build, fit, verify and save the reward model into `out`; returns held-out correlations."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # on demand: reusing the built folder stays light
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     lm = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
@@ -282,7 +282,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 
 def _export(backbone, head, tokenizer, config: DistillConfig, out: Path, check: list[Example]) -> None:  # noqa: ANN001
     """Save as `LlamaForSequenceClassification` (+ tokenizer padding with <|endoftext|>); check it reloads and agrees."""
-    from transformers import LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification  # on demand, as above
 
     pad_id = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     if not isinstance(pad_id, int) or pad_id == tokenizer.eos_token_id:

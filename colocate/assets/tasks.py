@@ -159,7 +159,7 @@ def reasoning_gym_reward(task: str) -> RewardFn:
 
 def _reasoning_gym(task: str):  # noqa: ANN202 - the reasoning_gym module
     """Import reasoning_gym and check `task` is one of its datasets, else a ConfigError on `data.source`."""
-    try:
+    try:  # optional and heavy: only for a reasoning-gym data.source
         import reasoning_gym
         import reasoning_gym.utils  # noqa: F401 - extract_answer
         from reasoning_gym.factory import DATASETS

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+import psutil
 
 
 class PhaseTimer:
@@ -40,7 +43,7 @@ class MetricsLog:
         self._wandb = wandb  # a WandbRun (log, finish) or None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            try:
+            try:  # optional and heavy (torch, tensorboard): mirrored only when installed
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(Path(out_dir) / "tb"))
@@ -90,8 +93,6 @@ class MetricsLog:
 def run_summary(history: list[dict[str, Any]], evals: list[dict[str, Any]] = ()) -> dict[str, float]:
     """What a run ends with: steps, reward at the start and end (mean of up to 5 steps
     each), median step time, the last KL; the first and last held-out evaluation."""
-    import statistics
-
     rewards = [h["reward_mean"] for h in history if "reward_mean" in h]
     held_out = {}
     if evals:
@@ -112,8 +113,6 @@ def run_summary(history: list[dict[str, Any]], evals: list[dict[str, Any]] = ())
 def rss_mb() -> float:
     """Resident memory of this process and all its children (the engines' schedulers and
     detokenizers, a feeder process), in MiB: the soak signal for leaks."""
-    import psutil
-
     me = psutil.Process()
     total = me.memory_info().rss
     for child in me.children(recursive=True):

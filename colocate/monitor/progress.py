@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tqdm.auto import tqdm
+
 
 def _eta(seconds: float) -> str:
     if seconds != seconds:  # NaN: no step timed yet
@@ -34,8 +36,6 @@ class Progress:
         use_bar = self.stream.isatty() if bar is None else bar
         self.bar = None
         if use_bar:
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(total=total, initial=start, unit="step", desc="start", file=self.stream,
                             dynamic_ncols=True)
 

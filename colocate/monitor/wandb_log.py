@@ -33,7 +33,7 @@ class WandbRun:
     later ``wandb sync``."""
 
     def __init__(self, run: RunConfig, out_dir: Path, config: dict[str, Any], resumed: bool) -> None:
-        import wandb
+        import wandb  # optional: only with run.wandb_project (check_available says when it is missing)
 
         check_available(run)
         out_dir = Path(out_dir)
@@ -64,7 +64,7 @@ class WandbRun:
         self._run.log(scalars, step=int(record.get("step", 0)))
 
     def finish(self, summary: dict[str, Any]) -> None:
-        import wandb
+        import wandb  # optional, as above
 
         self._run.summary.update(summary)
         self._run.finish()

@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from colocate.errors import USER_ERRORS, ColocateError
+from colocate.trainer.distributed import all_gather_object, lost_peer, post_failure, posted_failure
 
 T = TypeVar("T")
 
@@ -62,8 +63,6 @@ def agree(run: Callable[[], T], dist, phase: str, *, share: bool = False) -> Any
     or ``RankCrashedError`` when the failure was not a colocate error, on the others). Returns
     this rank's result, or (``share``) every rank's in rank order. Only where no collective
     can be in flight when ``run`` fails (see the module docstring)."""
-    from colocate.trainer.distributed import all_gather_object
-
     try:
         result = run()
     except BaseException as exc:
@@ -82,8 +81,6 @@ def agree(run: Callable[[], T], dist, phase: str, *, share: bool = False) -> Any
 def post(dist, phase: str, exc: BaseException) -> None:
     """Leave this rank's failure for the others in the process group's store (the first
     rank to post wins; a failure exchanged by :func:`agree` or a lost peer posts nothing)."""
-    from colocate.trainer.distributed import lost_peer, post_failure
-
     if dist.world_size > 1 and not isinstance(exc, (RankFailedError, RankCrashedError)) and not lost_peer(exc):
         post_failure(line(dist.rank, phase, describe(exc)), dist)
 
@@ -91,8 +88,6 @@ def post(dist, phase: str, exc: BaseException) -> None:
 def lost_line(dist, phase: str, exc: BaseException) -> str:
     """The one line of a rank whose collective broke because another rank went away: the
     failed rank's posted line, else (killed: it posted nothing) this rank's phase."""
-    from colocate.trainer.distributed import posted_failure
-
     posted = posted_failure(dist)
     if posted is not None:
         return posted

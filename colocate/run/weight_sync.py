@@ -13,14 +13,12 @@ loads its own training rank's copy). Leaves out: gathering the state from FSDP
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 
 from colocate.engine.runtime import run_guarded
-
-if TYPE_CHECKING:
-    from colocate.run.tp_exchange import TPExchange
+from colocate.run.tp_exchange import TPExchange
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 

@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from colocate.assets.models import default_cache_dir
+import torch
+
+from colocate.assets.models import build_tiny_causal_lm, default_cache_dir
+from colocate.engine import rollout, sglang_api
+from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.tools import nvidia_driver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +38,6 @@ def _version(pkg: str) -> str:
 
 def collect_facts(device: str = "auto") -> dict[str, str]:
     """Versions, device and cache facts; prepares (but does not start) SGLang."""
-    import torch
-
-    from colocate.tools import nvidia_driver
-    from colocate.engine import sglang_api
-
     driver_ok, driver = nvidia_driver.driver_note(nvidia_driver.query())
     platform = sglang_api.prepare(device)
     cache = default_cache_dir()
@@ -58,10 +58,6 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
 
 def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
     """Build a tiny random Llama, start an actor engine on it, generate, stop."""
-    from colocate.assets.models import build_tiny_causal_lm
-    from colocate.engine import rollout
-    from colocate.engine.runtime import EngineConfig, SglangEngine
-
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_causal_lm(Path(tmp) / "tiny", seed=0)
         progress("starting a tiny SGLang engine …")

@@ -20,13 +20,14 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
+
+import torch
 
 from colocate.run import checkpoint
 from colocate.errors import ConfigError
-
-if TYPE_CHECKING:
-    from colocate.trainer.lora import LoraSettings
+from colocate.assets.model_aliases import resolve_model
+from colocate.trainer.lora import PEFT_PREFIX, LoraSettings, add_lora
 
 MODEL_FILES = ("config.json", "model.safetensors")  # a complete HF folder: its config and weights
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a complete PEFT adapter folder
@@ -50,15 +51,11 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
 def base_actor(run_dir: Path) -> str:
     """``models.actor`` of the run, from the ``config.json`` the run wrote (an alias is
     prepared on demand, as in training)."""
-    from colocate.assets.model_aliases import resolve_model
-
     return resolve_model(_run_config(run_dir)["models"]["actor"], f"models.actor in {run_dir / 'config.json'}")
 
 
 def lora_settings(run_dir: Path) -> LoraSettings:
     """The run's ``lora`` section from its ``config.json`` (off for a run without one)."""
-    from colocate.trainer.lora import LoraSettings
-
     section = _run_config(run_dir).get("lora") or {}
     known = {f.name for f in dataclasses.fields(LoraSettings)}
     return LoraSettings(**{k: v for k, v in section.items() if k in known})
@@ -78,7 +75,7 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
     LoRA run's adapters also go there as a PEFT adapter folder. With ``reuse`` complete
     folders there, newer than the checkpoint, are returned as they are.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here, not at the top: this module is imported at the CLI's start
 
     ckpt = checkpoint.latest(Path(run_or_checkpoint), what="export")
     target = Path(out) if out is not None else default_out(ckpt)
@@ -116,10 +113,7 @@ def _check_adapter_request(adapter_dir: Path, target: Path, lora: LoraSettings, 
 
 def _full_actor(base: str, state: dict[str, Any], ckpt: Path):  # noqa: ANN202 - a transformers model
     """The base actor with every tensor of a full fine-tuning checkpoint."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from colocate.trainer.lora import PEFT_PREFIX
+    from transformers import AutoModelForCausalLM  # here, not at the top: this module is imported at the CLI's start
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     problem = _mismatch(state, model.state_dict(), optional=_tied_names(model))
@@ -136,10 +130,7 @@ def _full_actor(base: str, state: dict[str, Any], ckpt: Path):  # noqa: ANN202 -
 def _lora_actor(base: str, state: dict[str, Any], lora: LoraSettings, ckpt: Path):  # noqa: ANN202 - a PeftModel
     """The base actor wrapped in LoRA as in training, with the checkpoint's adapters (its
     trainable tensors, PEFT-named) loaded."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from colocate.trainer.lora import add_lora
+    from transformers import AutoModelForCausalLM  # here, not at the top: this module is imported at the CLI's start
 
     model = add_lora(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), lora)
     problem = _mismatch(state, {n: p for n, p in model.named_parameters() if p.requires_grad})

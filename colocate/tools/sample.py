@@ -14,6 +14,14 @@ from typing import Sequence
 
 from colocate.run.checkpoint import MANIFEST
 from colocate.errors import ConfigError
+from colocate.assets.model_aliases import resolve_model
+from colocate.assets.tasks import chat_prompt_ids
+from colocate.config import load_config
+from colocate.engine import rollout
+from colocate.engine.rollout import Sample
+from colocate.engine.runtime import SglangEngine
+from colocate.rollout.rollout_phase import sampling_params
+from colocate.tools.export import export_actor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +53,7 @@ def model_folder(spec: str) -> str:
     ``<run>/export/``), a model folder, or a packaged alias (``smollm2``)."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_run(path):
-        from colocate.tools.export import export_actor
-
         return str(export_actor(path))
-    from colocate.assets.model_aliases import resolve_model
-
     return resolve_model(spec, "model")
 
 
@@ -67,15 +71,11 @@ def check(prompts: Sequence[str], opts: SampleOptions) -> None:
 
 def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOptions()) -> list[Generation]:
     """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine)."""
+    # here, not at the top: transformers (also via builder and session) would slow the CLI's start
     from transformers import AutoTokenizer
 
     from colocate.run.builder import engine_configs
-    from colocate.config import load_config
-    from colocate.rollout.rollout_phase import sampling_params
     from colocate.run.session import stop_ids
-    from colocate.engine import rollout
-    from colocate.engine.rollout import Sample
-    from colocate.engine.runtime import SglangEngine
 
     check(prompts, opts)
     folder = model_folder(model)
@@ -98,8 +98,6 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
 def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - a HF tokenizer
     """Chat-formatted as in training (``colocate.assets.tasks.chat_prompt_ids``), or the plain text
     when asked or when the tokenizer has no chat template."""
-    from colocate.assets.tasks import chat_prompt_ids
-
     if not chat or tokenizer.chat_template is None:
         return tokenizer(text)["input_ids"]
     return chat_prompt_ids(tokenizer, text)
