@@ -8,6 +8,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+import torch.distributed
 import torch.multiprocessing as mp
 
 from colocate.run import rank_rollouts
@@ -87,6 +88,8 @@ def _failing_worker(rank: int, init_method: str, queue) -> None:
         queue.put((rank, "no error"))
     except Exception as exc:  # noqa: BLE001 - the test reads what each rank raised
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:  # torn down here, not by the interpreter's exit: seen once in a full suite run, a
+        torch.distributed.destroy_process_group()  # worker left to it aborted ("terminate called ...")
 
 
 def test_a_ranks_failure_reaches_every_rank_instead_of_a_hang():
@@ -178,6 +181,7 @@ def _stop_worker(rank: int, init_method: str, queue) -> None:
     session = SimpleNamespace(dist=info)
     asked = SimpleNamespace(requested=rank == 1, reason="SIGTERM" if rank == 1 else "")
     queue.put((rank, [loop._stopping(session, asked), loop._stopping(session, SimpleNamespace(requested=False))]))
+    torch.distributed.destroy_process_group()
 
 
 def test_a_stop_asked_of_one_rank_stops_every_rank_at_the_same_boundary():
