@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-
 from transformers import PreTrainedTokenizerBase
 
 from colocate.run import checkpoint, rank_rollouts, weight_sync
