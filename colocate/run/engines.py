@@ -11,6 +11,7 @@ false) holds none. Leaves out: where engines run and with what (``colocate.run.p
 from __future__ import annotations
 
 import dataclasses
+
 from colocate.engine.pool import EnginePool
 from colocate.engine.runtime import EngineConfig, SglangEngine
 
@@ -50,13 +51,9 @@ class RankEngines:
         """Whether an engine served an earlier run: the run pushes its own weights first."""
         return bool(self.kept)
 
-    @property
-    def hosted(self) -> list[SglangEngine]:
-        """The engines this rank runs (actor first)."""
-        return [e for e in (self.actor, self.reward) if e is not None]
-
     def describe(self, engine_ranks: int) -> str:
-        """The start-up line: seconds each engine took (0 for one kept from an earlier run)."""
+        """The start-up line: seconds each engine took to start, or that it was kept from an
+        earlier run."""
         def took(eng: SglangEngine) -> str:
             return "kept from an earlier run" if eng.cfg.role in self.kept else f"{eng.start_seconds:.1f} s"
 
