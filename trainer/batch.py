@@ -3,7 +3,8 @@
 Owns: `TrainBatch` (prompt+response token ids, masks, scores, and per-token behaviour
 log-probs and weight versions of the sampled responses), its minibatch split and row
 selection, and `response_logits`, which picks from a model's [B, L, V] logits the rows
-that predict each response token.
+that predict each response token. A multi-turn response (a trajectory) also holds the
+environment's tokens (tool outputs between model turns): context, but never trained on.
 
 Leaves out: where rollouts come from (`engine/`), forward passes and losses
 (`trainer/forward.py`, `trainer/ppo_math.py`), and how rows are split across ranks
@@ -13,8 +14,12 @@ Layout of row b (P = len(prompts[b]), R = len(responses[b])):
   input_ids[b]      = prompt (P) + response (R) + pad           [L]
   responses[b]      = response (R) + pad                         [T]
   response_mask[b]  = 1 on the R response tokens, 0 after        [T]
+  loss_mask[b]      = response_mask[b], 0 on environment tokens  [T]
   response_start[b] = P: input position of the first response token
 The logit that predicts response token t sits at input position P - 1 + t.
+response_mask says which positions exist (forwards, packing, values); loss_mask says
+which the policy sampled (losses, KL, advantages, staleness). Without environment tokens
+the two are equal.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [B, L] long, 1 on prompt + response tokens
     response_start: torch.Tensor  # [B] long, prompt lengths
     response_mask: torch.Tensor  # [B, T] bool, True on response tokens
+    loss_mask: torch.Tensor  # [B, T] bool, True on tokens the policy sampled (trained on): response_mask minus env tokens
     responses: torch.Tensor  # [B, T] long, response ids, right-padded with pad_id
     scores: torch.Tensor  # [B] float32, sequence-level reward
     behaviour_logp: torch.Tensor  # [B, T] float32, logprob under the sampling weights, 0 on pad
@@ -84,9 +90,13 @@ def make_batch(
     behaviour_logprobs: Sequence[Sequence[float]],
     token_versions: Sequence[Sequence[int]],
     groups: Sequence[int] | None = None,
+    loss_masks: Sequence[Sequence[int]] | None = None,
 ) -> TrainBatch:
     """Right-padded `TrainBatch` from per-row token lists (all sequences have B rows).
     `groups`: each row's group id (samples of one prompt); None: every row its own group.
+    `loss_masks`: per row, 1 on each response token the model sampled and 0 on each
+    environment token (as long as responses[b]), or empty: every token the model's;
+    None: every response token of every row is the model's (loss_mask == response_mask).
 
     Each prompt must be non-empty (the first response token is predicted from the last
     prompt token); responses may be empty. behaviour_logprobs[b] and token_versions[b]
@@ -96,6 +106,7 @@ def make_batch(
     _check_rows(prompts, responses, scores, behaviour_logprobs, token_versions)
     if groups is not None and len(groups) != len(prompts):
         raise ValueError(f"{len(groups)} group ids for {len(prompts)} rows")
+    _check_loss_masks(responses, loss_masks)
     batch = len(prompts)
     length = max(len(p) + len(r) for p, r in zip(prompts, responses))
     width = max(1, max(len(r) for r in responses))
@@ -105,6 +116,7 @@ def make_batch(
     response_mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, T]
     behaviour = torch.zeros((batch, width), dtype=torch.float32)  # [B, T]
     versions = torch.zeros((batch, width), dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros((batch, width), dtype=torch.bool)  # [B, T]
     for b, (prompt, response) in enumerate(zip(prompts, responses)):
         p, r = len(prompt), len(response)
         input_ids[b, : p + r] = torch.tensor([*prompt, *response], dtype=torch.long)
@@ -114,11 +126,14 @@ def make_batch(
             response_mask[b, :r] = True
             behaviour[b, :r] = torch.tensor(behaviour_logprobs[b], dtype=torch.float32)
             versions[b, :r] = torch.tensor(token_versions[b], dtype=torch.long)
+            row_mask = loss_masks[b] if loss_masks is not None and len(loss_masks[b]) else [1] * r
+            loss_mask[b, :r] = torch.tensor([bool(x) for x in row_mask], dtype=torch.bool)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_start=torch.tensor([len(p) for p in prompts], dtype=torch.long),
         response_mask=response_mask,
+        loss_mask=loss_mask,
         responses=response_ids,
         scores=torch.tensor(list(scores), dtype=torch.float32),
         behaviour_logp=behaviour,
@@ -142,6 +157,18 @@ def _check_rows(prompts, responses, scores, behaviour_logprobs, token_versions) 
                 f"row {b}: {len(response)} response tokens but {len(behaviour_logprobs[b])} "
                 f"behaviour logprobs and {len(token_versions[b])} versions"
             )
+
+
+def _check_loss_masks(responses, loss_masks) -> None:  # noqa: ANN001
+    if loss_masks is None:
+        return
+    if len(loss_masks) != len(responses):
+        raise ValueError(f"{len(loss_masks)} loss masks for {len(responses)} rows")
+    for b, (response, row) in enumerate(zip(responses, loss_masks)):
+        if len(row) and len(row) != len(response):
+            raise ValueError(f"row {b}: {len(response)} response tokens but a loss mask of {len(row)}")
+        if any(x not in (0, 1) for x in row):
+            raise ValueError(f"row {b}: loss mask entries must be 0 or 1, got {sorted(set(row) - {0, 1})}")
 
 
 def response_positions(batch: TrainBatch) -> torch.Tensor:

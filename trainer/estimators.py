@@ -46,7 +46,8 @@ def outcome_advantages(
     returns: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, kind: str, norm_by_std: bool = True
 ) -> torch.Tensor:
     """returns [B] float, groups [B] long (equal ids: samples of one prompt), mask [B, T]
-    -> advantages [B, T]: each sample's advantage on its response tokens, 0 on padding."""
+    (the trained tokens: the loss mask) -> advantages [B, T]: each sample's advantage on
+    its masked tokens, 0 elsewhere (padding, a trajectory's environment tokens)."""
     if kind not in CRITIC_FREE:
         raise ValueError(f"kind must be one of {CRITIC_FREE}, got {kind!r}")
     r = returns.to(torch.float64)

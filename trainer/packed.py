@@ -90,4 +90,5 @@ def idle_batch(batch: TrainBatch) -> TrainBatch:
         attention_mask=torch.ones_like(row.attention_mask[:, :1]),
         response_start=torch.ones_like(row.response_start),
         response_mask=torch.zeros_like(row.response_mask),
+        loss_mask=torch.zeros_like(row.loss_mask),
     )

@@ -7,7 +7,10 @@ Every function is pure (tensors in, tensors out, no module state). Tensors are
 right-padded response tensors of shape [B, T]: B rows, T response positions, `mask` is
 1/True on valid response tokens followed by 0/False padding. Masks may be bool or 0/1
 numbers. Padded positions never leak into a result: they are excluded from every mean
-and come out as 0 in every [B, T] output.
+and come out as 0 in every [B, T] output. A mask may also have holes (a loss mask without
+a multi-turn trajectory's environment tokens, or without stale tokens): a hole is treated
+like padding, except by GAE, where a hole in `mask` ends the episode and environment
+tokens are passed as `acting` instead.
 
 Left out: models and forward passes, micro-batching, optimizers, and the KL coefficient
 schedule (`trainer/kl_control.py`). GAE, token rewards and importance weights are
@@ -127,30 +130,44 @@ def masked_whiten(
 
 @torch.no_grad()
 def gae_advantages(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+    acting: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) on right-padded rows.
 
-    rewards, values, mask: [B, T] -> (advantages [B, T], returns [B, T]).
+    rewards, values, mask, acting: [B, T] -> (advantages [B, T], returns [B, T]).
     delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}, where
     V and A after a row's last valid token are 0 (the episode ends there).
     returns = advantages + values. Both are 0 on padding. One vectorised step per t.
     A 0 inside a row also ends the episode there: nothing flows back across it. So pass
     the full response mask here, and apply loss-only masks (staleness) to the losses.
+
+    `acting` (None: equal to `mask`) marks the tokens that are decisions (the policy
+    sampled them). A token with mask 1 and acting 0 (an environment token inside a
+    multi-turn trajectory) is in the episode but is no step of it: its advantage and
+    return are 0, its reward and value are not read, and the recursion passes through
+    it (V_{t+1} and A_{t+1} carry over unchanged, undiscounted), so the model token
+    before a tool output bootstraps from the value of the first model token after it.
+    Equal to plain GAE over each row with its non-acting tokens removed (verl's
+    multi-turn GAE: no values or TD errors on observation tokens).
     """
     valid = mask.bool()
+    act = valid if acting is None else valid & acting.bool()  # [B, T]
     dtype = _compute_dtype(values.dtype)
-    r = _zero_padded(rewards.to(dtype), valid)  # [B, T]
-    v = _zero_padded(values.to(dtype), valid)  # [B, T]
+    r = _zero_padded(rewards.to(dtype), act)  # [B, T]
+    v = _zero_padded(values.to(dtype), act)  # [B, T]
+    zero = torch.zeros((), dtype=dtype, device=v.device)
     advantages = torch.zeros_like(v)  # [B, T]
     next_value = torch.zeros_like(v[:, 0])  # [B]
     next_adv = torch.zeros_like(v[:, 0])  # [B]
     for t in reversed(range(v.shape[1])):
         delta = r[:, t] + gamma * next_value - v[:, t]  # [B]
-        next_adv = _zero_padded(delta + gamma * lam * next_adv, valid[:, t])  # [B]
-        advantages[:, t] = next_adv
-        next_value = v[:, t]
-    returns = _zero_padded(advantages + v, valid)  # [B, T]
+        adv = _zero_padded(delta + gamma * lam * next_adv, act[:, t])  # [B]
+        advantages[:, t] = adv
+        # acting: this step; padding: the episode ends (0); environment token: carry over
+        next_adv = torch.where(act[:, t], adv, torch.where(valid[:, t], next_adv, zero))  # [B]
+        next_value = torch.where(act[:, t], v[:, t], torch.where(valid[:, t], next_value, zero))  # [B]
+    returns = _zero_padded(advantages + v, act)  # [B, T]
     return advantages, returns
 
 
@@ -162,12 +179,13 @@ def token_rewards(
 
     score: [B], kl: [B, T], mask: [B, T] -> [B, T]: -kl_coef * kl on every valid token,
     plus score[b] on row b's last valid token; 0 on padding. A row with no valid token
-    gets no score.
+    gets no score. `mask` may have holes (a loss mask with environment tokens): the
+    score still goes to the last valid token of the row only.
     """
     valid = mask.bool()  # [B, T]
     dtype = _compute_dtype(kl.dtype)
-    next_valid = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], dim=1)  # [B, T]
-    is_last = (valid & ~next_valid).to(dtype)  # [B, T]
+    valid_from_here = valid.flip(-1).cumsum(-1).flip(-1)  # [B, T] valid tokens at t or later
+    is_last = (valid & (valid_from_here == 1)).to(dtype)  # [B, T]
     penalty = _zero_padded(-kl_coef * kl.to(dtype), valid)  # [B, T]
     return penalty + is_last * score.to(dtype)[:, None]
 

@@ -26,6 +26,11 @@ gradients over ranks. So 1 rank and N ranks, packed or padded, and any micro-bat
 minimise the same loss. Models stay in eval mode: dropout would make the first-epoch
 ratio differ from 1.
 
+Masks: `TrainBatch.response_mask` says which positions exist (forwards, packing, values);
+`TrainBatch.loss_mask` (response_mask minus a multi-turn trajectory's environment tokens)
+says which tokens are trained: the KL, the rewards, the advantages (GAE passes through
+environment tokens), the losses, their token counts and the staleness correction.
+
 Old log-probs: `old_logp="rollout"` takes the engine's sampling log-probs where they are
 exact and recomputes only rows with older tokens (`trainer/rollout_logp.py`). The
 engine-vs-trainer drift on on-policy tokens is measured in `train_actor`'s first
@@ -119,20 +124,21 @@ class PPOTrainer:
         """Log-probs of the response tokens under the current actor -> [B, T] (0 on padding).
 
         With ``old_logp="rollout"`` and `current_version` given: the rollout's behaviour
-        log-probs, recomputed only on rows holding tokens of another weight version (no
-        forward at all when there are none). Otherwise a no-grad actor pass.
+        log-probs, recomputed only on rows holding model tokens of another weight version
+        (no forward at all when there are none), 0 on environment tokens (they have no
+        behaviour log-prob nor a version of their own). Otherwise a no-grad actor pass.
         """
         def actor_logp(mb: TrainBatch) -> torch.Tensor:
             return self._policy(self.actor, mb, self.settings.temperature)[0]
 
         if self.settings.old_logp != "rollout" or current_version is None:
             return self._rows_no_grad(actor_logp, batch)
-        stale = stale_rows(batch.versions, batch.response_mask, current_version)  # [B]
+        stale = stale_rows(batch.versions, batch.loss_mask, current_version)  # [B]
         recomputed = torch.zeros_like(batch.behaviour_logp)  # [B, T]
         if bool(stale.any()):
             idx = stale.nonzero()[:, 0]
             recomputed[idx] = self._rows_no_grad(actor_logp, batch.select(idx))
-        return rollout_old_logp(batch.behaviour_logp, recomputed, stale, batch.response_mask)
+        return rollout_old_logp(batch.behaviour_logp, recomputed, stale, batch.loss_mask)
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """Critic values of the states emitting each response token -> [B, T] (0 on padding)."""
@@ -159,32 +165,36 @@ class PPOTrainer:
         self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, values: torch.Tensor | None,
         kl_coef: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(advantages, returns, token_rewards, kl), each [B, T].
+        """(advantages, returns, token_rewards, kl), each [B, T], all 0 outside `loss_mask`.
 
-        Rewards: the score on each row's last token, minus kl_coef x KL on every token
-        when KL is in the reward (``kl_in="reward"``). gae: GAE over `values`, whitened
-        if asked; returns = advantages + values. Critic-free: the group estimator over
-        each row's return (its rewards summed, `trainer/estimators.py`), `values` unused;
-        returns = that return on every response token.
+        Rewards: the score on each row's last model token, minus kl_coef x KL on every
+        model token when KL is in the reward (``kl_in="reward"``). gae: GAE over `values`
+        through the whole response, passing through environment tokens (`acting`), whitened
+        over model tokens if asked; returns = advantages + values. Critic-free: the group
+        estimator over each row's return (its rewards summed, `trainer/estimators.py`),
+        `values` unused; returns = that return on every model token.
         """
-        s, mask = self.settings, batch.response_mask
+        s, loss_mask = self.settings, batch.loss_mask
         kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
-        kl = torch.where(mask, kl, torch.zeros_like(kl))
-        rewards = ppo_math.token_rewards(batch.scores, kl, mask, kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
+        kl = torch.where(loss_mask, kl, torch.zeros_like(kl))
+        rewards = ppo_math.token_rewards(batch.scores, kl, loss_mask,
+                                         kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
         if s.critic_free:
             total = rewards.sum(-1)  # [B]
-            adv = outcome_advantages(total, batch.groups, mask, s.advantage, s.norm_adv_by_std)  # [B, T]
-            returns = torch.where(mask, total[:, None].expand_as(rewards), torch.zeros_like(rewards))  # [B, T]
+            adv = outcome_advantages(total, batch.groups, loss_mask, s.advantage, s.norm_adv_by_std)  # [B, T]
+            returns = torch.where(loss_mask, total[:, None].expand_as(rewards), torch.zeros_like(rewards))  # [B, T]
             return adv, returns, rewards, kl
-        adv, returns = ppo_math.gae_advantages(rewards, values, mask, s.gamma, s.lam)  # [B, T]
+        adv, returns = ppo_math.gae_advantages(rewards, values, batch.response_mask, s.gamma, s.lam,
+                                               acting=loss_mask)  # [B, T]
         if s.whiten_advantages:
-            adv = ppo_math.masked_whiten(adv, mask)
+            adv = ppo_math.masked_whiten(adv, loss_mask)
         return adv, returns, rewards, kl
 
     # ---------------------------------------------------------------- training phases
 
     def train_critic(self, batch: TrainBatch, values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
-        """Clipped value loss, epochs x minibatches -> {value_loss, vf_clip_frac, grad_norm, skipped_steps, …}."""
+        """Clipped value loss over model tokens (`loss_mask`; `values` and `returns` are not
+        read elsewhere), epochs x minibatches -> {value_loss, vf_clip_frac, grad_norm, skipped_steps, …}."""
         s = self.settings
         if self.critic is None:
             raise TrainerConfigError(f"train_critic: ppo.advantage={s.advantage} trains no critic")
@@ -196,7 +206,8 @@ class PPOTrainer:
             )
             return loss, stats
 
-        extra = {"old_values": values, "returns": returns, "loss_mask": batch.response_mask}
+        keep = batch.loss_mask
+        extra = {"old_values": _model_tokens(values, keep), "returns": _model_tokens(returns, keep), "loss_mask": keep}
         return self._optimise("critic", self.critic, self.critic_optim, batch, extra, loss_fn)
 
     def train_actor(
@@ -207,25 +218,28 @@ class PPOTrainer:
         ``kl_in="loss"`` plus kl_coef x k3 KL to the reference (`ref_logp`) per token,
         aggregated like the policy loss (reported as kl_loss).
 
+        Only model tokens (`batch.loss_mask`) are in the loss, the KL term and the stats:
+        what the inputs hold on environment tokens and padding does not change the update.
         Tokens sampled more than `max_staleness` versions before `current_version` are
         left out of the loss; with `is_cap`, each token's loss is weighted by
         min(pi_old / pi_behaviour, is_cap). Returns {policy_loss, clip_frac, approx_kl,
         entropy, grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max
         (|engine - trainer| log-prob on the first minibatch's tokens of `current_version`).
         """
-        s, mask = self.settings, batch.response_mask
+        s, mask = self.settings, batch.loss_mask
+        old_logp, advantages, behaviour = (_model_tokens(x, mask) for x in (old_logp, advantages, batch.behaviour_logp))
         loss_mask = mask
         if s.max_staleness is not None:
             loss_mask = ppo_math.staleness_mask(batch.versions, current_version, s.max_staleness, mask)
         extra = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask,
-                 "behaviour_logp": batch.behaviour_logp,
+                 "behaviour_logp": behaviour,
                  "on_policy": on_policy_mask(batch.versions, mask, current_version)}
         if s.is_cap is not None:
-            extra["is_weights"] = ppo_math.truncated_is_weights(batch.behaviour_logp, old_logp, mask, s.is_cap)
+            extra["is_weights"] = ppo_math.truncated_is_weights(behaviour, old_logp, mask, s.is_cap)
         if s.kl_in == "loss":
             if ref_logp is None:
                 raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")
-            extra["ref_logp"] = ref_logp
+            extra["ref_logp"] = _model_tokens(ref_logp, mask)
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
@@ -379,6 +393,12 @@ class PPOTrainer:
         for optimizer in self._optimizers():
             move_optimizer_state(optimizer, device)
         torch.cuda.synchronize(self.dist.device)
+
+
+def _model_tokens(x: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """x [B, T] on the trained tokens, exactly 0 elsewhere (environment tokens, padding),
+    whatever x holds there: an inf/NaN left there would reach the gradient as 0 * inf."""
+    return torch.where(loss_mask.to(x.device), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:
