@@ -26,6 +26,7 @@ from colocate.config import Config, to_dict
 from colocate.assets.model_aliases import model_aliases
 from colocate.engine.pool import EnginePool  # engines kept across runs: api.train(..., engines=pool)
 from colocate.monitor.metrics import read, run_summary
+from colocate.rollout.env import Environment, Observation  # multi-turn: api.train(cfg, env=...)
 from colocate.monitor.progress import Progress
 from colocate.run.guards import check_main_guard
 
@@ -130,7 +131,7 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
 
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
           callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False,
-          engines: EnginePool | None = None) -> Summary:
+          engines: EnginePool | None = None, env: Environment | None = None) -> Summary:
     """Run PPO as configured. ``reward_fns(record, text)`` (sync or async) add to the reward
     model's score (or replace it with ``reward.kind=rule``); ``callbacks`` get each step's
     metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
@@ -138,7 +139,9 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     ``colocate.run.resume.load_run_config`` gives the run's own config). ``engines``: an
     :class:`EnginePool` kept across several runs of this process; a run on the same models
     and engine settings takes the engines an earlier run gave back instead of starting its
-    own (its weights are pushed first; see ``colocate.engine.pool``)."""
+    own (its weights are pushed first; see ``colocate.engine.pool``). ``env``: an
+    :class:`Environment` that answers each model turn (multi-turn trajectories; else the
+    one ``rollout.env`` names, if any; docs/environments.md)."""
     from colocate.run import builder, loop  # here, not at the top: they bring torch and transformers
 
     check_main_guard(sys.modules["__main__"])
@@ -148,7 +151,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         from colocate.run.resume import check_resume  # here, not at the top: it brings torch
 
         check_resume(cfg, resume, log)  # before any engine starts
-    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines)
+    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env)
     stop = StopRequest()
     progress = None
     try:

@@ -109,7 +109,7 @@ def _bench_default(module: str, cls: str, field: str):
 @main.command()
 @click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
 @click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
-@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task,reasoning (default: the preset's).")
+@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task,reasoning,tools (default: the preset's; tools: multi-turn with the calculator).")
 @click.option("--modes", default="sequential,intra,inter,oppo", show_default=True, help="Comma list of modes.")
 @click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's).")
 @click.option("--steps", type=int, default=0, help="Measured steps per mode and repeat (default: the preset's).")

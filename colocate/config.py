@@ -56,6 +56,13 @@ class RolloutConfig:
     ignore_eos: bool = False  # generate to the budget (benchmarks with controlled lengths)
     temperature: float = 1.0  # 0: greedy (reproducible across engine restarts; for tests)
     top_p: float = 1.0
+    # multi-turn: an environment answers each model turn ("" single responses): calculator |
+    # scripted | package.module:attr (docs/environments.md); max_new_tokens then counts the
+    # whole trajectory (the environment's tokens too)
+    env: str = ""
+    max_turns: int = 4  # model turns per trajectory (verl's multi_turn.max_assistant_turns)
+    turn_tokens: int = 0  # tokens per model turn (0: only max_new_tokens)
+    env_timeout_s: float = 30.0  # one environment call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +360,9 @@ def validate(cfg: Config) -> None:
         (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
+        (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
+        (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
+        (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
         (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
         (cfg.overlap.mode != "auto" or (cfg.overlap.modes and set(cfg.overlap.modes) <= set(MODES)),
          f"overlap.auto_modes: {cfg.overlap.auto_modes!r} must be a comma list of {', '.join(MODES)}"),

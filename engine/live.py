@@ -68,7 +68,8 @@ class LiveRequest:
 def frozen(sample: Sample) -> Sample:
     """The scheduler's copy of a parked sample: its partial as of now."""
     return dataclasses.replace(sample, output_ids=list(sample.output_ids), logprobs=list(sample.logprobs),
-                               versions=list(sample.versions), finish_reason="abort")
+                               versions=list(sample.versions), loss_mask=list(sample.loss_mask),
+                               observations=list(sample.observations), finish_reason="abort")
 
 
 class LiveRequests:

@@ -49,7 +49,8 @@ class _Clock:
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
-    sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(actor, s, sampling, tag, relay, run.timeline))
+    sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(
+        actor, s, sampling, tag, relay, run.timeline, run.turns, stopped=lambda: s.index in run.aborted))
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
@@ -76,6 +77,8 @@ class _Run:
 
     live: LiveRequests | None
     timeline: Timeline | None = None
+    turns: rollout.MultiTurn | None = None  # multi-turn trajectories: the environment's answers
+    aborted: set[int] = dataclasses.field(default_factory=set)  # samples the cut aborted
     streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
     current: dict[int, Sample] = dataclasses.field(default_factory=dict)  # index -> the object in use
 
@@ -96,6 +99,7 @@ async def run_step(
     score: SampleScore | None = None, client: ScoreClient | None = None, chunk: int = 64,
     cut_after: int | None = None,
     pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
+    turns: rollout.MultiTurn | None = None,
 ) -> OverlapResult:
     """Generate ``samples``; score each as it goes (model scores streamed through
     ``client``, whose own deadline applies; each finished sample's reward by ``score``,
@@ -103,12 +107,14 @@ async def run_step(
     and scored, stop the rest: abort them (``pause_mode="abort"``), or pause the engine and
     park their streams in ``live`` (``in_place``/``retract``; the unfinished samples handed
     back are frozen copies, see ``engine.live``). A launched sample parked in ``live`` by
-    an earlier step continues its stream instead of sending a new request."""
+    an earlier step continues its stream instead of sending a new request. With ``turns``
+    each sample is a multi-turn trajectory (``engine.rollout.stream_sample``): an abort
+    reaches it mid-turn (its request) or between turns (after the environment's answer)."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
     completed: list[Sample] = []
-    run = _Run(live if pause_mode != "abort" else None, timeline)
+    run = _Run(live if pause_mode != "abort" else None, timeline, turns)
     mark(timeline, "rollout")
     pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
     for s in samples:
@@ -130,6 +136,7 @@ async def run_step(
             if pause_mode == "abort":
                 for i in stragglers:
                     mark(timeline, "aborted", i)
+                    run.aborted.add(i)
                     rollout.abort(actor, run.current[i], tag)
             else:
                 parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))

@@ -1,11 +1,16 @@
 """Streaming rollout on the actor engine: submit, stream, abort, resume.
 
 Owns: :class:`Sample` (one prompt's generation state in plain Python: tokens, sampling
-logprobs and the weight version of every token), request ids that SGLang's prefix-matching
-abort cannot confuse, streaming one sample while calling back with each new chunk, and
-resuming a partial sample with exactly its remaining token budget.
+logprobs and the weight version of every token, and for a multi-turn trajectory which
+tokens came from the environment), request ids that SGLang's prefix-matching abort cannot
+confuse, streaming one sample while calling back with each new chunk, resuming a partial
+sample with exactly its remaining token budget, and the turn loop of a multi-turn
+trajectory (:class:`MultiTurn`): after each model turn the caller's ``answer`` gives the
+environment's tokens, which are appended out of the loss (``Sample.loss_mask``), and the
+model goes on from there — token in, token out, nothing decoded and re-encoded.
 
-Leaves out: which samples to launch or defer (the scheduler), scoring (``engine.reward``).
+Leaves out: which samples to launch or defer (the scheduler), scoring (``engine.reward``),
+what an environment answers and how its text becomes tokens (``colocate.rollout.turns``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,30 @@ from .runtime import SglangEngine
 from .timeline import Timeline, mark
 
 OnTokens = Callable[["Sample", list[int]], Awaitable[None] | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnReply:
+    """The environment's answer to a model turn: the tokens to append (out of the loss) and
+    their chat message ({role, content}), a reward, and whether the trajectory ends (then
+    nothing is appended)."""
+
+    ids: list[int]
+    message: dict[str, str] = dataclasses.field(default_factory=dict)
+    reward: float = 0.0
+    done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTurn:
+    """How a trajectory goes on after a model turn: ``answer(sample)`` (async) gives the
+    environment's reply; at most ``max_turns`` model turns, each at most ``turn_tokens``
+    tokens (0: only the trajectory's budget, ``Sample.max_new_tokens``, which counts
+    the environment's tokens too)."""
+
+    answer: Callable[["Sample"], Awaitable[TurnReply]]
+    max_turns: int = 4
+    turn_tokens: int = 0
 
 
 class PromptTooLongError(EngineError):
@@ -57,6 +86,12 @@ class Sample:
     record: dict[str, Any] = dataclasses.field(default_factory=dict)  # the prompt's source record (rule rewards)
     score: float | None = None  # reward (model + functions) once scored
     cached_tokens: int = 0  # prompt tokens the engine served from its radix cache (first attempt)
+    # multi-turn trajectories (empty/False/0 for a single response):
+    loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1 model token, 0 environment token; [] all model
+    observations: list[dict[str, str]] = dataclasses.field(default_factory=list)  # the environment's answers: {role, content}
+    awaiting_env: bool = False  # the model's last turn ended and the environment has not answered it yet
+    env_reward: float = 0.0  # the environment's rewards so far, summed
+    turn_cached_tokens: int = 0  # context tokens later turns' requests found in the radix cache
 
     @property
     def group_id(self) -> int:
@@ -69,6 +104,33 @@ class Sample:
     @property
     def finished(self) -> bool:
         return self.finish_reason in ("stop", "length")
+
+    def mask(self) -> list[int]:
+        """1 on each output token the model sampled, 0 on the environment's tokens."""
+        return self.loss_mask or [1] * len(self.output_ids)
+
+    @property
+    def turns(self) -> int:
+        """The model's turns so far (runs of model tokens)."""
+        m = self.mask()
+        return sum(1 for i, x in enumerate(m) if x and (i == 0 or not m[i - 1]))
+
+    @property
+    def turn_tokens(self) -> int:
+        """Tokens of the model's current turn (after the last environment token)."""
+        m = self.mask()
+        return len(m) - (max((i for i, x in enumerate(m) if not x), default=-1) + 1)
+
+    def append_observation(self, ids: Sequence[int], message: dict[str, str], version: int) -> None:
+        """The environment's answer: its tokens join the context, out of the loss (logprob
+        0.0, the version of the model token before them)."""
+        if not self.loss_mask:
+            self.loss_mask = [1] * len(self.output_ids)
+        self.output_ids += list(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [self.versions[-1] if self.versions else version] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        self.observations.append(dict(message))
 
     def rid(self, tag: str) -> str:
         """Fixed-width id: SGLang's abort matches by prefix, so no id may prefix another."""
@@ -114,13 +176,72 @@ async def stream_sample(
     tag: str,
     on_tokens: OnTokens | None = None,
     timeline: Timeline | None = None,
+    turns: MultiTurn | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> Sample:
     """Generate the rest of ``sample`` (at most ``sample.remaining`` tokens), appending
-    tokens, logprobs and versions as chunks arrive. Ends on stop, length or abort."""
-    if sample.remaining <= 0:
+    tokens, logprobs and versions as chunks arrive. Ends on stop, length or abort.
+
+    With ``turns``, the rest of the trajectory: after each model turn (a stop token, or
+    ``turns.turn_tokens`` tokens) the environment answers (``turns.answer``) and the model
+    goes on, until the environment is done, ``turns.max_turns``, the budget, or an abort.
+    A sample deferred while its environment had not answered (``awaiting_env``) asks it
+    first. ``stopped()``: whether the step cut this sample — checked after an
+    environment's answer, when no request is in flight for an abort to reach."""
+    while True:
+        if turns is not None and sample.awaiting_env:
+            if not await _answer(engine, sample, turns, on_tokens, timeline):
+                break
+            if stopped is not None and stopped():
+                sample.finish_reason = "abort"
+                break
+        if sample.remaining <= 0:
+            sample.finish_reason = "length"
+            break
+        await _request(engine, sample, sampling, tag, on_tokens, timeline, turns)
+        if turns is None or not _turn_ended(sample):
+            break
+        sample.awaiting_env = True
+    mark(timeline, "end", sample.index, reason=sample.finish_reason, tokens=len(sample.output_ids))
+    return sample
+
+
+def _turn_ended(sample: Sample) -> bool:
+    """A model turn ended and the trajectory may go on: a stop token, or the turn's own
+    token cap (``length`` with budget left)."""
+    return sample.finish_reason == "stop" or (sample.finish_reason == "length" and sample.remaining > 0)
+
+
+async def _answer(engine: SglangEngine, sample: Sample, turns: MultiTurn, on_tokens: OnTokens | None,
+                  timeline: Timeline | None) -> bool:
+    """The environment's answer to the model's last turn appended; False when the
+    trajectory ends there (done, the turn limit, or no room left for a model token)."""
+    reply = await turns.answer(sample)
+    sample.env_reward += reply.reward
+    sample.awaiting_env = False
+    if reply.done or sample.turns >= turns.max_turns:
+        sample.finish_reason = "stop" if reply.done else "length"
+        return False
+    if len(reply.ids) >= sample.remaining:
         sample.finish_reason = "length"
-        return sample
-    params = {**sampling, "max_new_tokens": sample.remaining}
+        return False
+    sample.append_observation(reply.ids, reply.message, engine.weight_version)
+    sample.finish_reason = None
+    mark(timeline, "observation", sample.index, tokens=len(reply.ids))
+    if on_tokens is not None:  # streamed scoring covers the environment's tokens too
+        maybe = on_tokens(sample, list(reply.ids))
+        if maybe is not None:
+            await maybe
+    return True
+
+
+async def _request(engine: SglangEngine, sample: Sample, sampling: dict[str, Any], tag: str,
+                   on_tokens: OnTokens | None, timeline: Timeline | None, turns: MultiTurn | None) -> None:
+    """One request: the model's (rest of its) turn, streamed onto ``sample``."""
+    budget = sample.remaining
+    if turns is not None and turns.turn_tokens > 0:
+        budget = min(budget, turns.turn_tokens - sample.turn_tokens)
+    params = {**sampling, "max_new_tokens": budget}
     rid = sample.rid(tag)
     sample.attempts += 1
     seen = 0
@@ -128,13 +249,19 @@ async def stream_sample(
     stream = engine.generate_stream(rid, sample.prompt_ids + sample.output_ids, params)
     async for chunk in stream:
         meta = chunk["meta_info"]
-        if sample.attempts == 1 and not seen:
-            sample.cached_tokens = max(sample.cached_tokens, int(meta.get("cached_tokens") or 0))
+        if not seen:
+            cached = int(meta.get("cached_tokens") or 0)
+            if sample.attempts == 1:
+                sample.cached_tokens = max(sample.cached_tokens, cached)
+            elif sample.loss_mask:  # a later turn of a trajectory: its context so far from the cache
+                sample.turn_cached_tokens += cached
         ids = list(chunk["output_ids"][seen:])  # cumulative and live: copy the new part
         lps = meta.get("output_token_logprobs") or []
         if ids:
             if not seen:
                 mark(timeline, "first_token", sample.index)
+            if sample.loss_mask:
+                sample.loss_mask += [1] * len(ids)
             sample.output_ids += ids
             sample.logprobs += [float(lp[0]) for lp in lps[seen : seen + len(ids)]]
             sample.versions += token_versions(meta, seen, len(ids), engine.weight_version)
@@ -146,8 +273,6 @@ async def stream_sample(
         reason = meta.get("finish_reason")
         if reason:
             sample.finish_reason = reason["type"] if isinstance(reason, dict) else str(reason)
-    mark(timeline, "end", sample.index, reason=sample.finish_reason, tokens=len(sample.output_ids))
-    return sample
 
 
 async def prefill_shared_prompts(engine: SglangEngine, samples: Sequence[Sample], tag: str) -> int:
@@ -177,12 +302,13 @@ async def generate(
     tag: str,
     on_tokens: OnTokens | None = None,
     timeline: Timeline | None = None,
+    turns: MultiTurn | None = None,
 ) -> list[Sample]:
-    """Stream every sample concurrently (a shared prompt prefilled once first); return
-    them when all have ended."""
+    """Stream every sample (every trajectory, with ``turns``) concurrently (a shared
+    prompt prefilled once first); return them when all have ended."""
     check_budget(samples, engine.context_length)
     await prefill_shared_prompts(engine, samples, tag)
-    await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens, timeline) for s in samples))
+    await asyncio.gather(*(stream_sample(engine, s, sampling, tag, on_tokens, timeline, turns) for s in samples))
     return list(samples)
 
 

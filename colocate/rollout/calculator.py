@@ -37,9 +37,9 @@ EXACT_INT = 2**53  # a float result with no fraction below this is returned as a
 ALLOWED = "only numbers and + - * / // % ** ( ) are allowed"
 
 INSTRUCTION = (
-    "You can use a calculator: write <calc>expression</calc> (numbers, + - * / // % ** and "
-    "parentheses) and end your message; the result comes back in <result></result>. "
-    "Give the final answer between <answer> and </answer>."
+    "Before you answer you can use a calculator: write one expression like <calc>3 * (4 + 5)</calc> "
+    "(numbers, + - * / // % ** and parentheses) and end your message there; the result comes back "
+    "as <result>27</result>. Give the final answer between <answer> and </answer>."
 )
 
 _CALC = re.compile(r"<calc>((?:(?!<calc>).)*?)</calc>", re.DOTALL)  # innermost-opened span

@@ -68,11 +68,23 @@ def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
     return params
 
 
-def rollout_stats(samples: Sequence[Sample]) -> dict[str, float]:
+def rollout_stats(samples: Sequence[Sample], multi_turn: bool = False) -> dict[str, float]:
     """Metrics of the trained samples in every mode: groups, and prompt tokens the actor
-    engine served from its radix cache (a group's shared prompt: n - 1 of its members)."""
-    return {"rollout/groups": len({s.group_id for s in samples}),
-            "rollout/cached_prompt_tokens": sum(s.cached_tokens for s in samples)}
+    engine served from its radix cache (a group's shared prompt: n - 1 of its members).
+    Multi-turn: model turns and environment answers (tool calls) per trajectory, the
+    share of trajectories with at least one, environment tokens per trajectory, the
+    environment's rewards, and the context tokens later turns found in the radix cache."""
+    stats = {"rollout/groups": len({s.group_id for s in samples}),
+             "rollout/cached_prompt_tokens": sum(s.cached_tokens for s in samples)}
+    if multi_turn and samples:
+        n = len(samples)
+        stats |= {"rollout/turns": sum(s.turns for s in samples) / n,
+                  "rollout/tool_calls": sum(len(s.observations) for s in samples) / n,
+                  "rollout/tool_call_rate": sum(1 for s in samples if s.observations) / n,
+                  "rollout/env_tokens": sum(len(s.output_ids) - sum(s.mask()) for s in samples) / n,
+                  "rollout/env_reward": sum(s.env_reward for s in samples) / n,
+                  "rollout/cached_turn_tokens": sum(s.turn_cached_tokens for s in samples)}
+    return stats
 
 
 def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sample]:
@@ -81,15 +93,15 @@ def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sampl
 
 
 def run_sequential(actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, scorer: Scorer,
-                   *, tag_prefix: str = "st", timeline=None) -> dict[str, float]:
-    """Generate all samples (a group's shared prompt prefilled once), then score them
-    (``Sample.score``: ``scorer``'s reward); request ids start with ``tag_prefix``.
-    Returns the phase seconds."""
+                   *, tag_prefix: str = "st", timeline=None, turns: rollout.MultiTurn | None = None) -> dict[str, float]:
+    """Generate all samples (a group's shared prompt prefilled once; whole trajectories
+    with ``turns``), then score them (``Sample.score``: ``scorer``'s reward); request ids
+    start with ``tag_prefix``. Returns the phase seconds."""
     tag = f"{tag_prefix}{step:07d}"
     engines = [actor, *scorer.engines]
     t0 = time.perf_counter()
     mark(timeline, "rollout")
-    run_guarded(engines, rollout.generate(actor, samples, sampling, tag, timeline=timeline))
+    run_guarded(engines, rollout.generate(actor, samples, sampling, tag, timeline=timeline, turns=turns))
     t1 = time.perf_counter()
     mark(timeline, "score")
     scores = run_guarded(engines, scorer.score_all(samples, tag + "rm", step))

@@ -46,6 +46,7 @@ from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats, run_sequential
 from colocate.rollout.scoring import Scorer
+from colocate.rollout.turns import EnvTurns
 
 # feeder step ids of one-shot scoring through the feeder's process (streamed training steps
 # use the step itself): held-out evaluations, and training steps that do not stream
@@ -77,9 +78,11 @@ class Rollouts:
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
-                 timeline: Timeline | None = None):
+                 timeline: Timeline | None = None, env: EnvTurns | None = None):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         self.timeline, self.log = timeline, log
+        self.env = env  # multi-turn: the environment that answers each model turn
+        self.turns = env.multi_turn() if env is not None else None
         o = cfg.overlap
         if o.deferral:
             check_pause_mode(o.pause_mode, actor.device)
@@ -186,7 +189,8 @@ class Rollouts:
             run_guarded([self.actor], self.live.discard(self.actor, [s.index for s in plan.dropped]))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
         if plain:
-            seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline)
+            seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline,
+                                     turns=self.turns)
             ended, chunk = plan.launch, 0
         else:
             seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling)
@@ -202,7 +206,9 @@ class Rollouts:
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
                  **self._auto_stats(step_mode), **self._channel_stats()}
-        return StepRollout(train, seconds, {**rollout_stats(train), **{f"overlap/{k}": v for k, v in stats.items()}})
+        env = {"env/errors": self.env.errors.take()} if self.env is not None else {}
+        return StepRollout(train, seconds, {**rollout_stats(train, self.turns is not None), **env,
+                                            **{f"overlap/{k}": v for k, v in stats.items()}})
 
     def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any]):
         """``plan`` through ``engine.oppo.run_step``: streamed scoring when the mode streams,
@@ -218,7 +224,7 @@ class Rollouts:
             client=self.client if streams else None, chunk=chunk or 64,
             cut_after=need if step_mode.defers else None,
             pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
-            timeline=self.timeline))
+            timeline=self.timeline, turns=self.turns))
         if streams:
             self.tuner.record(step, chunk, time.perf_counter() - started)
         return res.seconds, res.completed + res.unfinished, chunk
@@ -266,7 +272,7 @@ class Rollouts:
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
-        return run_sequential(self.actor, samples, sampling, step, scorer, tag_prefix="ev")
+        return run_sequential(self.actor, samples, sampling, step, scorer, tag_prefix="ev", turns=self.turns)
 
     def observe_reward(self, mean_reward: float) -> None:
         self.scheduler.observe_reward(mean_reward)

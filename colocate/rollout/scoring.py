@@ -2,7 +2,8 @@
 where it is summed and scaled.
 
 Owns: :class:`Scorer` — reward = (reward model's score + each reward function's value on
-the decoded response and the prompt record) × ``reward.scale``. The model's score comes
+the decoded response and the prompt record + the environment's rewards of a multi-turn
+trajectory) × ``reward.scale``. The model's score comes
 from wherever the step got it: streamed chunk by chunk through the feeder (then handed
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
@@ -52,8 +53,9 @@ class Scorer:
         return [self.reward_engine] if self.reward_engine is not None else []
 
     async def reward(self, sample: Sample, model_score: float) -> float:
-        """The sample's reward from the model's score (0.0 without a reward model)."""
-        total = model_score
+        """The sample's reward from the model's score (0.0 without a reward model), plus a
+        multi-turn trajectory's environment rewards."""
+        total = model_score + sample.env_reward
         if self.fns:
             text = self.decode(sample.output_ids)
             for fn in self.fns:

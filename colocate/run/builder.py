@@ -29,6 +29,8 @@ from colocate.engine.runtime import EngineConfig
 from colocate.engine.start_checks import check_remote_code
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
+from colocate.rollout.env import Environment
+from colocate.rollout.environments import load_environment
 from colocate.rollout.evaluation import split_held_out
 from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
@@ -38,7 +40,8 @@ from colocate.run.preflight import check_contexts
 from colocate.run.prompt_stream import PromptStream
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.rollouts import Rollouts
-from colocate.run.session import RunState, Session, tokenize_prompts
+from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
+from colocate.run.session import RunState, Session, stop_ids, tokenize_prompts
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
@@ -164,19 +167,42 @@ def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **setting
 
 
 def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[RewardFn], tokenizer,
-                  batch_size: int, timeline: Timeline | None, log: Callable[[str], None]) -> Rollouts:
+                  batch_size: int, timeline: Timeline | None, log: Callable[[str], None],
+                  env: Environment | None = None, env_errors: EnvErrors | None = None) -> Rollouts:
     """The rollout phase of an engine rank (every mode): ``batch_size`` its share of the
     batch; with ``overlap.feeder=process`` the feeder's process starts its own reward
-    engine from ``reward_cfg``. ``colocate train`` and the bench (``Session.restart``)
-    build it here."""
+    engine from ``reward_cfg``; with ``env`` multi-turn trajectories (``rollout.max_turns``,
+    ``turn_tokens``, ``env_timeout_s``; ``reward.on_error`` for its failures).
+    ``colocate train`` and the bench (``Session.restart``) build it here."""
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    turns = None
+    if env is not None:
+        r = cfg.rollout
+        turns = EnvTurns(env, ObservationTemplate(tokenizer, stop_ids(tokenizer)), decode, max_turns=r.max_turns,
+                         turn_tokens=r.turn_tokens, timeout_s=r.env_timeout_s, on_error=cfg.reward.on_error,
+                         errors=env_errors)
     return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
-                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), batch_size=batch_size,
-                    timeline=timeline)
+                    decode=decode, batch_size=batch_size, timeline=timeline, env=turns)
 
 
-def _data(cfg: Config, tokenizer):
-    """(training prompts, held-out evaluation prompts), tokenized."""
+def environment(cfg: Config, env: Environment | None) -> Environment | None:
+    """The run's environment: ``env`` (the API's), or the one ``rollout.env`` names; None:
+    single responses. Refuses what multi-turn does not support."""
+    if env is None and cfg.rollout.env:
+        env = load_environment(cfg.rollout.env)
+    if env is not None and cfg.overlap.deferral and cfg.overlap.pause_mode != "abort":
+        raise ConfigError(f"overlap.pause_mode={cfg.overlap.pause_mode} does not run multi-turn trajectories "
+                          "(rollout.env) yet; use overlap.pause_mode=abort (a deferred trajectory resumes "
+                          "mid-turn or between turns)")
+    return env
+
+
+def _data(cfg: Config, tokenizer, instruction: str = ""):
+    """(training prompts, held-out evaluation prompts), tokenized; an environment's
+    ``instruction`` (how to use its tool) follows each prompt's text."""
     prompts = tasks.load_prompt_source(cfg.data.source, None, cfg.data.seed)
+    if instruction:
+        prompts = [dataclasses.replace(p, text=f"{p.text}\n\n{instruction}") for p in prompts]
     held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
     train, held_out = split_held_out(prompts, held)
     return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens),
@@ -202,11 +228,14 @@ def _quiet(message: str) -> None:
 
 
 def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
-          log: Callable[[str], None] = print, engines: EnginePool | None = None) -> Session:
+          log: Callable[[str], None] = print, engines: EnginePool | None = None,
+          env: Environment | None = None) -> Session:
     """The session of a run on this rank: checks, engines (started, or taken from
     ``engines``, a pool kept across runs), trainer, data, rollout phase; ``resume`` a run
-    folder or checkpoint to continue from."""
+    folder or checkpoint to continue from; ``env`` the environment of multi-turn
+    trajectories (else ``rollout.env``'s, if set)."""
     check_available(cfg.run)  # before anything starts
+    env = environment(cfg, env)
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:
         torch.set_num_threads(cfg.run.train_threads)
@@ -230,9 +259,10 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
     share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
     reward_errors = RewardFnErrors()
+    env_errors = EnvErrors()  # one count across the rollout phases a session builds (the bench's per mode)
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
-    prompts, eval_prompts = _data(cfg, tokenizer)
+    prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     rollouts = None
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
@@ -258,7 +288,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         # rank 0's engines: the one timeline a run writes (run.timeline)
         timeline = Timeline() if cfg.run.timeline and placement.hosts_engines and dist.rank == 0 else None
         def rollouts_for(run_cfg: Config) -> Rollouts:
-            return make_rollouts(run_cfg, actor, reward, reward_cfg, fns, tokenizer, share, timeline, log)
+            return make_rollouts(run_cfg, actor, reward, reward_cfg, fns, tokenizer, share, timeline, log,
+                                 env, env_errors)
 
         rollouts = rollouts_for(cfg) if placement.hosts_engines else None
         sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",

@@ -63,7 +63,8 @@ def step(s: Session) -> dict[str, Any]:
         return _skipped(s, t_step, "non-finite reward from the reward model/functions")
     pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0
     batch = make_batch([x.prompt_ids for x in samples], [x.output_ids for x in samples], pad, scores,
-                       [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples])
+                       [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples],
+                       loss_masks=[x.loss_mask for x in samples])  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     with timer("sleep_wake"):
         s.timesharing.sleep_engines()
@@ -86,7 +87,7 @@ def step(s: Session) -> dict[str, Any]:
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
                                             ref_logp=ref_logp, kl_coef=s.kl_ctl.value)
-    mask = batch.response_mask.float()
+    mask = batch.loss_mask.float()
     mean_kl = float((kl * mask).sum(-1).mean())
     s.kl_ctl.update(mean_kl, len(scores))
     if s.rollouts is not None:

@@ -56,7 +56,7 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int) -> 
             stats[key] = sum(values)
     if any(k.startswith("overlap/staleness_") for k in stats):
         stats |= {f"overlap/staleness_{k}": v for k, v in staleness_stats(samples, version).items()}
-    stats |= rollout_stats(samples)
+    stats |= rollout_stats(samples, multi_turn="rollout/turns" in stats)  # means over the union, not sums
     for r, part in enumerate(own):
         busy = {"engine/busy_s": sum(part.seconds.values())}
         for key, name in PER_RANK.items():

@@ -1,0 +1,82 @@
+"""Multi-turn runs end to end on real SGLang (CPU, tiny random models, the scripted
+environment): every overlap mode, groups with a critic-free estimator, packing and the
+engine's log-probs; and a run killed with SIGKILL mid-run, then ``--resume DIR`` alone,
+with deferred trajectories in its checkpoint: none lost, none trained twice."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from colocate import api
+from colocate.config import load_config
+from colocate.rollout.scripted_env import ScriptedEnv
+from colocate.run import checkpoint
+from tests.integration.test_rank_failure import _launch
+
+pytestmark = pytest.mark.slow
+TRAJECTORY = ("rollout.max_new_tokens=80", "rollout.turn_tokens=6", "rollout.max_turns=4",
+              "rollout.temperature=0")
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    return tiny_pair("loop", 3, 4)  # test_ppo_loop's: the pool's engines are shared
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("mode,extra", [
+    ("sequential", ()),
+    ("oppo", ("overlap.chunk_size=8",)),  # streamed scoring (chunks cover the environment's tokens) + deferral
+    ("inter", ("rollout.group_size=2", "ppo.advantage=grpo", "ppo.old_logp=rollout",
+               "rollout.length_dist=lognormal", "rollout.length_median=40")),
+])
+def test_every_mode_trains_on_trajectories(models, run_overrides, tmp_path, engine_pool, mode, extra):
+    out = tmp_path / mode
+    cfg = load_config(overrides=run_overrides(models, out, "run.steps=3", "run.eval_every=0", "ppo.epochs=1",
+                                              f"overlap.mode={mode}", *TRAJECTORY, *extra))
+    env = ScriptedEnv(replies=("4", "5"), turn_rewards=(0.5, 0.0), final_reward=1.0)  # byte tokens: keep them short
+    summary = api.train(cfg, quiet=True, engines=engine_pool, env=env)
+    records = _records(out)
+    assert [r["step"] for r in records] == [1, 2, 3] and summary.steps == 3
+    for r in records:
+        assert r["trained_samples"] == 4
+        assert r["rollout/turns"] > 1 and r["rollout/tool_calls"] > 0 and r["rollout/env_tokens"] > 0
+        assert 0 < r["rollout/tool_call_rate"] <= 1 and r["env/errors"] == 0
+        assert r["rollout/env_reward"] >= 0.5  # the first answer's reward reached the trajectories
+        for key in ("actor/policy_loss", "kl", "reward_mean"):
+            assert math.isfinite(r[key]), key
+    assert sum(r["rollout/cached_turn_tokens"] for r in records) > 0  # later turns hit the radix cache
+
+
+def test_killed_multi_turn_run_resumes_alone_and_loses_no_trajectory(models, run_overrides, tmp_path):
+    out = tmp_path / "run"
+    sets = run_overrides(models, out, "run.steps=5", "run.save_every=1", "run.eval_every=0", "ppo.epochs=1",
+                         "overlap.mode=oppo", "overlap.chunk_size=8", "rollout.env=scripted", *TRAJECTORY,
+                         "rollout.length_dist=lognormal", "rollout.length_median=40",
+                         "overlap.delta_adaptive=false", "overlap.delta_init=2", "run.fault_at=logprobs:3")
+    killed, _ = _launch(*[f"--set={s}" for s in sets])
+    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL in step 3, after its rollout
+    step, parts = checkpoint.load(checkpoint.latest(out))
+    assert step == 2
+    deferred = parts["rollout"]["ranks"][0]["overlap"]["scheduler"]["deferred"]
+    assert any(d["loss_mask"] and 0 in d["loss_mask"] or d["awaiting_env"] for d in deferred), \
+        "no trajectory deferred after a turn: the resume tests nothing of multi-turn deferral"
+
+    done, _ = _launch("--resume", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from step 2" in done.stdout
+    records = _records(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # every step once
+    step, parts = checkpoint.load(checkpoint.latest(out))
+    (rank,) = parts["rollout"]["ranks"]
+    scheduler = rank["overlap"]["scheduler"]
+    trained = sum(r["trained_samples"] for r in records)
+    assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == rank["data_pos"]
+    assert all("rollout/turns" in r for r in records) and max(r["rollout/turns"] for r in records) > 1
