@@ -54,6 +54,9 @@ def uncontended(records: list[dict[str, Any]], modes: Sequence[str]) -> tuple[li
     return kept, info
 
 
+TRAJECTORY = ("turns", "tool_calls", "tool_call_rate", "env_tokens")  # per trajectory, multi-turn workloads
+
+
 def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Sequence[str]) -> dict[str, Any]:
     """Per-mode spreads of the headline metrics and phase times; ratios vs sequential.
     Steps whose update was skipped (non-finite reward) are counted, not averaged; contended
@@ -87,6 +90,8 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
             "skipped_steps": sum(1 for r in skipped if r["mode"] == mode),
             "contention": guard[mode],
         }
+        if any("rollout/turns" in r for r in rows):  # multi-turn trajectories
+            summary[mode]["trajectories"] = {k: spread([r.get(f"rollout/{k}", 0.0) for r in rows]) for k in TRAJECTORY}
     return summary
 
 
@@ -138,6 +143,14 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
             lines[-1] += (f"; others used {load['others_cores']:.2f} cores during the TRL run"
                           + (" (CONTENDED: rerun on a quiet machine)" if load["contended"] else ""))
 
+    if any("trajectories" in s for s in summary.values()):
+        lines += ["", "| mode | model turns / trajectory | tool calls / trajectory | tool-call rate | "
+                  "environment tokens / trajectory |", "|---|---|---|---|---|"]
+        for mode, s in summary.items():
+            t = s.get("trajectories")
+            if t:
+                lines.append(f"| {mode} | {_fmt(t['turns'], 2)} | {_fmt(t['tool_calls'], 2)} | "
+                             f"{_fmt(t['tool_call_rate'], 2)} | {_fmt(t['env_tokens'], 1)} |")
     guard = contention_line(summary, limit_cores)
     if guard:
         lines += ["", guard]

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from colocate.bench import contention, convergence, limit, plots, report, requests, runner
 from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
-from colocate.bench.workloads import (MODES, PRESETS, Preset, small_models, workload_models, workload_overrides,
+from colocate.bench.workloads import (MODES, MULTI_TURN, PRESETS, Preset, small_models, workload_models, workload_overrides,
                                       workload_reward_fns)
 from colocate.trainer.estimators import CRITIC_FREE
 
@@ -196,7 +196,7 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     actor, rm = workload_models(preset, workload, *models)
     cfg = _config(preset, opts, workload, actor, rm, out)
     peer = None
-    if opts.peer and preset.peer_updates:
+    if opts.peer and preset.peer_updates and workload not in MULTI_TURN:  # TRL's PPO has no environment loop
         key = (*peer_shape(preset, workload), preset.source(workload), peer_group(cfg))
         if key not in peers:
             peers[key] = run_peer(actor, rm, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0],

@@ -3,7 +3,10 @@
 Owns: the named workloads a user recognises — ``short`` (uniform short responses),
 ``longtail`` (lognormal per-request budgets: a few responses much longer than the rest),
 ``pareto`` (heavier tail), ``task`` (the default task's real prompts, EOS decides),
-``reasoning`` (reasoning-gym questions, EOS decides, a long cap: the real long tail) — as
+``reasoning`` (reasoning-gym questions, EOS decides, a long cap: the real long tail),
+``tools`` (the same questions as multi-turn trajectories with the calculator environment;
+on the bench's random-weight models, which never write a tool call, the scripted
+environment instead, so the turns' mechanics are what is timed) — as
 config overrides, the rule reward a workload adds to the reward model's score, and the
 ``quick`` / ``full`` presets (models, batch, steps, repeats, extra overrides).
 Leaves out: running them (``bench.runner``), the bench's own models (``bench.models``).
@@ -22,7 +25,11 @@ WORKLOADS: dict[str, list[str]] = {
     "task": ["rollout.length_dist=fixed", "rollout.ignore_eos=false"],
     # + data.source=reasoning-gym:<preset's task>; reward = reward model + the task's scorer
     "reasoning": ["rollout.length_dist=fixed", "rollout.ignore_eos=false", "data.max_prompt_tokens=1024"],
+    # reasoning's questions as multi-turn trajectories: the model may call the calculator
+    "tools": ["rollout.length_dist=fixed", "rollout.ignore_eos=false", "data.max_prompt_tokens=1024",
+              "rollout.env=calculator", "rollout.max_turns=4"],
 }
+MULTI_TURN = ("tools",)
 MODES = ("sequential", "intra", "inter", "oppo")
 PAUSE_MODES = ("abort", "in_place", "retract")  # a bench mode may name one: inter/in_place, oppo/retract
 
@@ -60,11 +67,11 @@ class Preset:
         """``rollout.max_new_tokens`` of ``workload`` (also the TRL peer's response length)."""
         if workload == "short":
             return self.short_tokens()
-        return self.reasoning_tokens if workload == "reasoning" else self.max_new_tokens
+        return self.reasoning_tokens if workload in ("reasoning", "tools") else self.max_new_tokens
 
     def source(self, workload: str) -> str:
         """``data.source`` of ``workload`` (also the TRL peer's prompts)."""
-        return f"reasoning-gym:{self.reasoning_task}" if workload == "reasoning" else "sentiment-prompts"
+        return f"reasoning-gym:{self.reasoning_task}" if workload in ("reasoning", "tools") else "sentiment-prompts"
 
 
 # Repeats: a ratio's min–max is over repeats, and the range of n draws covers on average
@@ -83,7 +90,8 @@ def workload_overrides(preset: Preset, workload: str) -> list[str]:
     """Config overrides of one workload under ``preset`` (the preset's own overrides last)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload '{workload}'; choose from {sorted(WORKLOADS)}")
-    return [*WORKLOADS[workload], f"data.source={preset.source(workload)}",
+    scripted = ["rollout.env=scripted"] if workload in MULTI_TURN and preset.models == "small" else []
+    return [*WORKLOADS[workload], *scripted, f"data.source={preset.source(workload)}",
             f"rollout.batch_size={preset.batch_size}", f"rollout.max_new_tokens={preset.tokens(workload)}",
             "ppo.minibatches=2", *preset.overrides]
 
@@ -102,12 +110,12 @@ def workload_models(preset: Preset, workload: str, actor: str, rm: str) -> tuple
     """The (actor, reward) folders of ``workload``: the preset's, except that ``reasoning``
     on the small random models gets an actor that ends at EOS after ~cap/4 tokens (a random
     model almost never picks EOS, so every response would run to the cap)."""
-    if workload == "reasoning" and preset.models == "small":
+    if workload in ("reasoning", *MULTI_TURN) and preset.models == "small":
         from pathlib import Path
 
         return eos_prone_actor(actor, Path(actor).parent, mean_tokens=preset.reasoning_tokens // 4), rm
     return actor, rm
 
 
-__all__ = ["MODES", "PAUSE_MODES", "PRESETS", "mode_spec", "valid_mode", "Preset", "WORKLOADS", "small_models", "workload_models", "workload_overrides",
+__all__ = ["MODES", "MULTI_TURN", "PAUSE_MODES", "PRESETS", "mode_spec", "valid_mode", "Preset", "WORKLOADS", "small_models", "workload_models", "workload_overrides",
            "workload_reward_fns"]

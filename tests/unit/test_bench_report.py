@@ -118,3 +118,23 @@ def test_peer_line_names_the_trl_trainer():
         info["trl_version"] = "1.12.0"
     assert "TRL PPO (trl 1.12.0, same models/batch, responses of 8 tokens" in markdown("short", s, ppo, {})
     assert "TRL GRPO (trl 1.12.0, same models/batch, groups of 4, responses" in markdown("short", s, grpo, {})
+
+
+def test_tools_workload_runs_the_calculator_or_on_random_models_the_scripted_environment():
+    full, quick = workload_overrides(PRESETS["full"], "tools"), workload_overrides(PRESETS["quick"], "tools")
+    assert "rollout.env=calculator" in full and "rollout.env=scripted" not in full
+    assert quick.index("rollout.env=scripted") > quick.index("rollout.env=calculator")  # the later one wins
+    for o, preset in ((full, PRESETS["full"]), (quick, PRESETS["quick"])):
+        assert f"data.source=reasoning-gym:{preset.reasoning_task}" in o and "rollout.ignore_eos=false" in o
+        assert f"rollout.max_new_tokens={preset.reasoning_tokens}" in o
+
+
+def test_multi_turn_rows_report_turns_and_tool_calls_per_mode():
+    rows = [_rec(m, r, 1.0 + r) | {"rollout/turns": 2.0 + r, "rollout/tool_calls": 1.0, "rollout/tool_call_rate": 0.5,
+                                   "rollout/env_tokens": 20.0} for m in ("sequential", "oppo") for r in (0, 1)]
+    s = summarize(rows, {}, ["sequential", "oppo"])
+    assert s["oppo"]["trajectories"]["turns"]["median"] == 2.5 and s["oppo"]["trajectories"]["tool_call_rate"]["max"] == 0.5
+    text = markdown("tools", s, None, {})
+    assert "| mode | model turns / trajectory | tool calls / trajectory | tool-call rate |" in text
+    assert "| oppo | 2.50 [2.00–3.00] | 1.00 [1.00–1.00] | 0.50 [0.50–0.50] | 20.0 [20.0–20.0] |" in text
+    assert "trajectories" not in summarize([_rec("oppo", 0, 1.0)], {}, ["oppo"])["oppo"]  # single responses: no table
