@@ -180,3 +180,22 @@ def test_on_error_zero_ends_the_trajectory_there_and_counts_it(actor_engine, tok
     assert errors.count == 1 and "turn 2 of sample 3" in errors.last
     assert s.turns == 2 and len(s.observations) == 1 and s.env_reward == 0.25
     assert s.finish_reason == "stop" and s.mask()[-1] == 1
+
+
+def test_streamed_scores_of_trajectories_cover_the_environments_tokens(actor_engine, reward_engine, tokenizer):
+    """Chunks streamed to the reward model as a trajectory grows include the environment's
+    answers: the streamed score equals a one-shot score of the whole trajectory."""
+    from colocate.engine import oppo, reward
+    from tests.integration.test_overlap import _with_feeder
+
+    samples = [Sample(10 + i, list(prompt(tokenizer)) + [40 + i], 96) for i in range(3)]
+    turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES)).multi_turn()
+
+    async def body(feeder, client):
+        return await oppo.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4, turns=turns)
+
+    _, res = _with_feeder(actor_engine.loop, reward_engine, body)
+    assert len(res.completed) == 3 and all(0 in s.mask() for s in samples)
+    after = run(actor_engine, reward.score_many(reward_engine, [s.prompt_ids + s.output_ids for s in samples], "after"))
+    for s, want in zip(samples, after):
+        assert s.score == pytest.approx(want, abs=1e-5)

@@ -14,6 +14,7 @@ import pytest
 from colocate import api
 from colocate.config import load_config
 from colocate.rollout.scripted_env import ScriptedEnv
+from colocate.rollout.turns import EnvError
 from colocate.run import checkpoint
 from tests.integration.test_rank_failure import _launch
 
@@ -53,6 +54,36 @@ def test_every_mode_trains_on_trajectories(models, run_overrides, tmp_path, engi
         for key in ("actor/policy_loss", "kl", "reward_mean"):
             assert math.isfinite(r[key]), key
     assert sum(r["rollout/cached_turn_tokens"] for r in records) > 0  # later turns hit the radix cache
+
+
+class _FailsFromCall:
+    """Answers like the scripted environment until its ``n``-th call, then raises: a
+    failure in a later step, after checkpoints exist (stateful on purpose)."""
+
+    name, instruction = "flaky-tool", ""
+
+    def __init__(self, n: int):
+        self.n, self.calls, self.inner = n, 0, ScriptedEnv(replies=("4", "5"))
+
+    async def step(self, record, history):
+        self.calls += 1
+        if self.calls >= self.n:
+            raise ConnectionError("tool server went away")
+        return await self.inner.step(record, history)
+
+
+def test_a_failing_environment_fails_the_step_in_one_line_and_keeps_the_last_checkpoint(
+        models, run_overrides, tmp_path, engine_pool):
+    out = tmp_path / "run"
+    cfg = load_config(overrides=run_overrides(models, out, "run.steps=3", "run.save_every=1", "run.eval_every=0",
+                                              "ppo.epochs=1", *TRAJECTORY))
+    with pytest.raises(EnvError) as info:
+        api.train(cfg, quiet=True, engines=engine_pool, env=_FailsFromCall(14))  # a step: 4 trajectories x at most 3 calls
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("rollout.env flaky-tool: turn ")
+    assert "raised ConnectionError: tool server went away" in line
+    steps = [r["step"] for r in _records(out)]
+    assert steps == [1] and (out / "checkpoints" / "step_00000001").is_dir()  # step 1's work is kept
 
 
 def test_killed_multi_turn_run_resumes_alone_and_loses_no_trajectory(models, run_overrides, tmp_path):
