@@ -66,6 +66,21 @@ def reward_engine(tiny_rm_path):
     eng.shutdown()
 
 
+@pytest.fixture(scope="module")
+def world1():
+    """A one-process gloo group for trainers in this process (torch.distributed's, made here
+    unless one exists; destroyed after the module if made here)."""
+    import torch.distributed as dist
+
+    from colocate.trainer.distributed import init_distributed
+
+    created = not dist.is_initialized()
+    info = init_distributed("cpu")
+    yield info
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     torch.set_num_threads(2)

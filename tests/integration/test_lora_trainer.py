@@ -23,7 +23,7 @@ from colocate.trainer.distributed import broadcast_object, decoder_layers, free_
 from colocate.trainer.lora import LoraSettings, is_lora
 from colocate.trainer.ppo_trainer import PPOTrainer
 
-from .test_trainer import assert_same_tensors, ppo_step, rollout_batch, settings_for, world1  # noqa: F401 (fixture)
+from .test_trainer import assert_same_tensors, ppo_step, rollout_batch, settings_for
 
 RANK, ALPHA = 4, 8.0
 LORA = LoraSettings(rank=RANK, alpha=ALPHA)  # all-linear, actor and critic

@@ -64,15 +64,6 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def world1():
-    created = not dist.is_initialized()
-    info = init_distributed("cpu")
-    yield info
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 @pytest.fixture(params=["llama", "qwen2"])
 def model_path(request):
     return request.getfixturevalue("tiny_actor_path" if request.param == "llama" else "tiny_qwen_path")

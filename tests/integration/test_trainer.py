@@ -78,15 +78,6 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def world1():
-    created = not dist.is_initialized()
-    info = init_distributed("cpu")
-    yield info
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 @pytest.fixture
 def trainer(world1, tiny_actor_path):
     return PPOTrainer(settings_for(tiny_actor_path), world1)

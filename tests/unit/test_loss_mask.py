@@ -14,13 +14,11 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from colocate.trainer import ppo_math as pm
 from colocate.trainer.batch import TrainBatch, make_batch, response_positions
-from colocate.trainer.distributed import init_distributed
 from colocate.trainer.packed import idle_batch, pack
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 
@@ -217,15 +215,6 @@ def on_env(batch: TrainBatch, x: torch.Tensor, seed: int) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models are overhead-bound on a shared 2-core machine
-
-
-@pytest.fixture(scope="module")
-def world1():
-    created = not dist.is_initialized()
-    info = init_distributed("cpu")
-    yield info
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def settings_for(actor_path: str, **overrides) -> TrainerSettings:
