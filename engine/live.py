@@ -48,13 +48,37 @@ def check_pause_mode(mode: str, device: str) -> None:
 
 class Relay:
     """The ``on_tokens`` of one stream: forwards to the current consumer (a step's chunker),
-    or to nobody while the stream is parked."""
+    or to nobody while the stream is parked. A parked multi-turn trajectory whose turn
+    ended waits here (:meth:`next_turn`) before it sends its next turn (a new request
+    would continue the paused engine): until a step adopts it, or it is discarded."""
 
     def __init__(self, target: OnTokens | None = None):
         self.target = target
+        self.parked = False
+        self.dropped = False
+        self._changed = asyncio.Event()
 
     def __call__(self, sample: Sample, ids: list[int]):
         return self.target(sample, ids) if self.target is not None else None
+
+    def park(self) -> None:
+        self.target, self.parked = None, True
+
+    def adopt(self, target: OnTokens | None) -> None:
+        self.target, self.parked = target, False
+        self._changed.set()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self._changed.set()
+
+    async def next_turn(self) -> bool:
+        """Whether the stream may send its trajectory's next turn: at once unless parked;
+        parked, once a step adopts it (True) or when it is discarded (False)."""
+        while self.parked and not self.dropped:
+            self._changed.clear()
+            await self._changed.wait()
+        return not self.dropped
 
 
 @dataclasses.dataclass
@@ -85,7 +109,7 @@ class LiveRequests:
         return index in self._live
 
     def park(self, req: LiveRequest) -> None:
-        req.relay.target = None
+        req.relay.park()
         self._live[req.sample.index] = req
 
     def adopt(self, index: int) -> LiveRequest | None:
@@ -98,6 +122,7 @@ class LiveRequests:
         keys = list(self._live) if indices is None else [i for i in indices if i in self._live]
         reqs = [self._live.pop(i) for i in keys]
         for r in reqs:
+            r.relay.drop()  # a trajectory waiting between turns ends there
             if not r.task.done():
                 rollout.abort(engine, r.sample, r.tag)
         if reqs:

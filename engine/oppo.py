@@ -50,11 +50,11 @@ class _Clock:
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
     sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(
-        actor, s, sampling, tag, relay, run.timeline, run.turns, stopped=lambda: s.index in run.aborted))
+        actor, s, sampling, tag, relay, run.timeline, run.turns, go_on=run.next_turn(s.index, relay)))
     chunker = Chunker(client, step, sample, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
-    run.streams[sample.index].relay.target = chunker.on_tokens if chunker else None
+    run.streams[sample.index].relay.adopt(chunker.on_tokens if chunker else None)
     await asyncio.shield(run.streams[sample.index].task)  # a cut may park the stream: it lives on
     clock.last_token[sample.index] = time.perf_counter()
     if not sample.finished:
@@ -81,6 +81,14 @@ class _Run:
     aborted: set[int] = dataclasses.field(default_factory=set)  # samples the cut aborted
     streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
     current: dict[int, Sample] = dataclasses.field(default_factory=dict)  # index -> the object in use
+
+    def next_turn(self, index: int, relay: Relay):
+        """When trajectory ``index`` may send its next turn: never once this step's cut
+        aborted it; parked in ``live``, once a later step adopts it."""
+        async def go_on() -> bool:
+            return index not in self.aborted and await relay.next_turn()
+
+        return go_on
 
     def start(self, sample: Sample, tag: str, stream) -> Sample:
         req = self.live.adopt(sample.index) if self.live is not None else None
@@ -109,7 +117,9 @@ async def run_step(
     back are frozen copies, see ``engine.live``). A launched sample parked in ``live`` by
     an earlier step continues its stream instead of sending a new request. With ``turns``
     each sample is a multi-turn trajectory (``engine.rollout.stream_sample``): an abort
-    reaches it mid-turn (its request) or between turns (after the environment's answer)."""
+    reaches it mid-turn (its request) or between turns (after the environment's answer);
+    parked, its request waits in the paused engine, or, between turns, it waits after the
+    environment's answer until a later step adopts it."""
     tag = f"op{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())

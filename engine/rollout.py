@@ -177,7 +177,7 @@ async def stream_sample(
     on_tokens: OnTokens | None = None,
     timeline: Timeline | None = None,
     turns: MultiTurn | None = None,
-    stopped: Callable[[], bool] | None = None,
+    go_on: Callable[[], Awaitable[bool]] | None = None,
 ) -> Sample:
     """Generate the rest of ``sample`` (at most ``sample.remaining`` tokens), appending
     tokens, logprobs and versions as chunks arrive. Ends on stop, length or abort.
@@ -186,13 +186,14 @@ async def stream_sample(
     ``turns.turn_tokens`` tokens) the environment answers (``turns.answer``) and the model
     goes on, until the environment is done, ``turns.max_turns``, the budget, or an abort.
     A sample deferred while its environment had not answered (``awaiting_env``) asks it
-    first. ``stopped()``: whether the step cut this sample — checked after an
-    environment's answer, when no request is in flight for an abort to reach."""
+    first. ``go_on()``: awaited after each answer, before the next turn's request (when no
+    request is in flight for an abort to reach): False ends the trajectory there as
+    ``abort`` (the step cut it); it may also wait (a trajectory parked between steps)."""
     while True:
         if turns is not None and sample.awaiting_env:
             if not await _answer(engine, sample, turns, on_tokens, timeline):
                 break
-            if stopped is not None and stopped():
+            if go_on is not None and not await go_on():
                 sample.finish_reason = "abort"
                 break
         if sample.remaining <= 0:

@@ -187,13 +187,9 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
 
 def environment(cfg: Config, env: Environment | None) -> Environment | None:
     """The run's environment: ``env`` (the API's), or the one ``rollout.env`` names; None:
-    single responses. Refuses what multi-turn does not support."""
+    single responses."""
     if env is None and cfg.rollout.env:
         env = load_environment(cfg.rollout.env)
-    if env is not None and cfg.overlap.deferral and cfg.overlap.pause_mode != "abort":
-        raise ConfigError(f"overlap.pause_mode={cfg.overlap.pause_mode} does not run multi-turn trajectories "
-                          "(rollout.env) yet; use overlap.pause_mode=abort (a deferred trajectory resumes "
-                          "mid-turn or between turns)")
     return env
 
 

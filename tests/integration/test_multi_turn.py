@@ -126,8 +126,10 @@ def test_deferred_between_turns_resumes_to_the_uninterrupted_trajectory(actor_en
     full = _uninterrupted(actor_engine, tokenizer, turns)
     part = Sample(1, list(prompt(tokenizer)), 96)
     # the step's cut lands while the environment answers the first turn: no request to abort
-    run(actor_engine, rollout.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns,
-                                            stopped=lambda: True))
+    async def cut() -> bool:
+        return False
+
+    run(actor_engine, rollout.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns, go_on=cut))
     assert part.finish_reason == "abort" and len(part.observations) == 1 and not part.mask()[-1]
     done = _resumed(actor_engine, turns, part)
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
@@ -199,3 +201,50 @@ def test_streamed_scores_of_trajectories_cover_the_environments_tokens(actor_eng
     after = run(actor_engine, reward.score_many(reward_engine, [s.prompt_ids + s.output_ids for s in samples], "after"))
     for s, want in zip(samples, after):
         assert s.score == pytest.approx(want, abs=1e-5)
+
+
+class _SlowForLong:
+    """Ends a trajectory whose record says ``short`` at once; answers the others slowly."""
+
+    name, instruction = "slow-for-long", ""
+
+    async def step(self, record, history):
+        if record.get("short"):
+            return Observation(done=True)
+        await asyncio.sleep(0.5)
+        return await ScriptedEnv(replies=REPLIES).step(record, history)
+
+
+def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_exactly(actor_engine, tokenizer):
+    """overlap.pause_mode=in_place: the cut lands while B's environment answers; B's
+    answer is appended, then it sends nothing while parked; the next step adopts it and it
+    ends exactly as an uninterrupted B (same weights)."""
+    from colocate.engine import oppo
+    from colocate.engine.live import LiveRequests
+
+    turns = turns_of(tokenizer, _SlowForLong()).multi_turn()
+    full = _uninterrupted(actor_engine, tokenizer, turns)
+    a = Sample(20, list(prompt(tokenizer)), 96, record={"short": True})
+    b = Sample(1, list(prompt(tokenizer)), 96)
+    live = LiveRequests()
+    first = run(actor_engine, oppo.run_step(actor_engine, [a, b], GREEDY, 0, cut_after=1, pause_mode="in_place",
+                                            live=live, turns=turns))
+    assert [s.index for s in first.completed] == [20] and 1 in live
+    (frozen,) = first.unfinished
+    assert frozen.awaiting_env and frozen.turns == 1  # cut between turns: the environment was answering
+
+    async def parked_for(seconds):
+        await asyncio.sleep(seconds)
+
+    run(actor_engine, parked_for(1.5))  # the answer arrives meanwhile; no next turn is sent
+    parked = live._live[1].sample
+    assert len(parked.observations) == 1 and parked.mask()[-1] == 0 and not parked.awaiting_env
+    served = actor_engine.requests
+    run(actor_engine, parked_for(0.5))
+    assert actor_engine.requests == served and parked.turns == 1
+
+    second = run(actor_engine, oppo.run_step(actor_engine, [frozen], GREEDY, 1, live=live, pause_mode="in_place",
+                                             turns=turns))
+    (done,) = second.completed
+    assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
+    assert not len(live)

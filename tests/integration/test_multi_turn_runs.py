@@ -37,6 +37,12 @@ def _records(out: Path) -> list[dict]:
     ("oppo", ("overlap.chunk_size=8",)),  # streamed scoring (chunks cover the environment's tokens) + deferral
     ("inter", ("rollout.group_size=2", "ppo.advantage=grpo", "ppo.old_logp=rollout",
                "rollout.length_dist=lognormal", "rollout.length_median=40")),
+    # stragglers parked in the engine across the update: mid-turn with their KV, or between
+    # turns waiting (after the environment's answer) for the next step
+    ("inter", ("overlap.pause_mode=in_place", "rollout.length_dist=lognormal", "rollout.length_median=40",
+               "overlap.delta_adaptive=false", "overlap.delta_init=2")),
+    ("oppo", ("overlap.pause_mode=retract", "overlap.chunk_size=8", "rollout.length_dist=lognormal",
+              "rollout.length_median=40", "overlap.delta_adaptive=false", "overlap.delta_init=2")),
 ])
 def test_every_mode_trains_on_trajectories(models, run_overrides, tmp_path, engine_pool, mode, extra):
     out = tmp_path / mode
@@ -54,6 +60,8 @@ def test_every_mode_trains_on_trajectories(models, run_overrides, tmp_path, engi
         for key in ("actor/policy_loss", "kl", "reward_mean"):
             assert math.isfinite(r[key]), key
     assert sum(r["rollout/cached_turn_tokens"] for r in records) > 0  # later turns hit the radix cache
+    if "overlap.pause_mode=in_place" in extra or "overlap.pause_mode=retract" in extra:
+        assert sum(r["overlap/parked"] for r in records) > 0, "nothing was parked: the case tests nothing"
 
 
 class _FailsFromCall:
