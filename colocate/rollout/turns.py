@@ -23,7 +23,6 @@ answers (``colocate.rollout.calculator``, ``colocate.rollout.scripted_env``, the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import math
 import threading
@@ -32,6 +31,7 @@ from typing import Any, Literal, Sequence
 from colocate.engine.rollout import MultiTurn, Sample, TurnReply
 from colocate.errors import ColocateError
 from colocate.rollout.env import Environment, Observation
+from colocate.rollout.reward_fns import RewardFnErrors
 
 _ASSISTANT, _OBSERVATION = "\x1eASSISTANT\x1e", "\x1eOBSERVATION\x1e"  # sentinels no template alters
 
@@ -40,16 +40,7 @@ class EnvError(ColocateError):
     """An environment raised, hung or answered garbage (``reward.on_error=raise``)."""
 
 
-@dataclasses.dataclass
-class EnvErrors:
-    """Environment failures that ended a trajectory since the last :meth:`take` (``on_error=zero``)."""
-
-    count: int = 0
-    last: str = ""
-
-    def take(self) -> int:
-        n, self.count = self.count, 0
-        return n
+EnvErrors = RewardFnErrors  # the same counter: failures scored as a zero since the last take
 
 
 class ObservationTemplate:
