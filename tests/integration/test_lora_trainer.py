@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from colocate.trainer import ppo_math
@@ -226,6 +227,26 @@ def test_gradient_checkpointing_changes_nothing(world1, tiny_actor_path, lora_ru
 
 
 # ---------------------------------------------------------------- what trains
+
+
+def test_bf16_lora_actor_reduces_fp32_gradients_when_the_reference_pass_runs_first(world1, tiny_actor_path):
+    """Found on an H200 (torch 2.11): FSDP2 fixes each group's gradient dtypes at the first
+    forward from the parameters requiring grad then, and the step's first pass (the reference,
+    PEFT's disable_adapter) turns the adapters' requires_grad off, so bf16 gradients met fp32
+    shards in the first backward. The trainer fixes them at build, from the adapters."""
+    trainer = PPOTrainer(settings_for(tiny_actor_path, dtype="bfloat16", lora=LORA, packing=True), world1)
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in trainer.actor.modules() if isinstance(m, FSDPModule)]
+    trained = [g for g in groups if g is not None and any(p.sharded_param.requires_grad for p in g.fsdp_params)]
+    assert len(trained) == len(decoder_layers(trainer.actor))  # every layer holds adapters
+    # fixed before any pass of a step: parameters in bf16, gradients reduced into the fp32 shards
+    assert {(g._orig_dtype, g._reduce_dtype) for g in trained} == {(torch.float32, torch.float32)}
+    batch = rollout_batch(STEP_BATCH)
+    before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if lora_param(n)}
+    out = ppo_step(trainer, batch)  # reference (adapters disabled) first, then old log-probs, training
+    assert math.isfinite(out["actor"]["policy_loss"]) and out["actor"]["grad_norm"] > 0
+    after = dict(trainer.actor.named_parameters())
+    assert all(after[n].dtype == torch.float32 for n in before)
+    assert any(not torch.equal(after[n].detach(), before[n]) for n in before if ".lora_B." in n)
 
 
 def test_lora_trains_only_adapters_and_the_value_head(lora_run):
