@@ -8,7 +8,11 @@
 #      activation checkpointing vs full + checkpointing, at reasoning-like lengths.
 # Results are measured into a work folder and packed into $OUT/results.tgz after each one
 # (what comes back from the machine is a few files); a deadline (GPU_CHECK_S, default 480 s)
-# skips what would not finish. Wheels the image lacks travel in .whl (see docs/bench.md).
+# skips what would not finish. Wheels the GPU image lacks travel in .whl (git-ignored via
+# .git/info/exclude; the image has torch 2.11, Python 3.12), made here with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
+#     msgspec==0.22.0 pyzmq==27.3.0 transformers==5.19.0 peft==0.21.2 nltk-vader-sentiment==1.0.0
 #
 #   DEVICE=cpu OUT=/tmp/gc SMALL=1 bash scripts/gpu_check.sh   # a dry run here, tiny shapes
 #   ONLY="smollm2_lora big_lora" SKIP_TESTS=1 bash scripts/gpu_check.sh   # some of the runs
