@@ -35,8 +35,8 @@ def _mode_cfg(cfg: Config, mode: str) -> Config:
 
 class _Sessions:
     """One session per engine thread budget (``colocate.run.builder.engine_threads``): on CPU
-    the streamed modes run their two engines on half the cores each, the others on all of
-    them, exactly as ``colocate train`` would start them. Built on first use and kept so
+    the overlapped modes run their two engines on half the cores each, sequential and auto on
+    all of them, exactly as ``colocate train`` would start them. Built on first use and kept so
     modes interleave without restarts, unless a second one would not fit in the free RAM
     next to the first (measured: one SmolLM2 session at batch 16 x 128 holds ~10 GB); then
     the other is closed first and rebuilt when needed. The first session's size is its

@@ -132,8 +132,9 @@ class EnginesConfig:
     # CPU (float32: the CPU engine's exact path). Weights are cast to it as they are pushed.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # CPU: torch threads of each engine's scheduler process. 0 (auto): all cores, except in
-    # the streamed modes (intra, oppo), where the actor and reward engines (inline or the
-    # feeder process's own) decode and prefill at the same time and get half the cores each.
+    # the modes where the actor decodes while the reward engine scores (intra and oppo:
+    # streamed chunks, inline or in the feeder process; inter: finished samples), which get
+    # half the cores each (measured: python -m colocate.bench.cores, docs/bench.md).
     actor_threads: int = 0
     reward_threads: int = 0
     log_level: str = "error"

@@ -117,7 +117,7 @@ def test_auto_policy_leaves_out_streaming_without_a_reward_model():
 def test_auto_engines_get_every_core_like_sequential():
     from colocate.run import builder
 
-    for mode, want in (("sequential", (2, 2)), ("inter", (2, 2)), ("auto", (2, 2)), ("oppo", (1, 1))):
+    for mode, want in (("sequential", (2, 2)), ("inter", (1, 1)), ("auto", (2, 2)), ("oppo", (1, 1))):
         assert builder.engine_threads(load_config(overrides=[f"overlap.mode={mode}"]), 2) == want
 
 

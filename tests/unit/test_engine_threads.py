@@ -13,7 +13,7 @@ from colocate.config import load_config
 
 @pytest.mark.parametrize("mode,feeder,cores,expected", [
     ("sequential", "inline", 2, (2, 2)),
-    ("inter", "inline", 2, (2, 2)),        # actor and reward engine never busy together
+    ("inter", "inline", 2, (1, 1)),        # finished samples scored while the others decode
     ("intra", "inline", 2, (1, 1)),        # decode and chunk prefill at the same time
     ("oppo", "inline", 8, (4, 4)),
     ("oppo", "process", 8, (4, 4)),        # the feeder process's own engine prefills beside decode
