@@ -417,6 +417,7 @@ def _first_pass_with_adapters(model: nn.Module, device: torch.device) -> None:
     """
     with torch.no_grad():
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+    model.reshard()  # the root's parameters stay unsharded after a forward; a checkpoint loads into shards
 
 
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:

@@ -299,6 +299,9 @@ def test_checkpoint_holds_trainable_tensors_and_resumes_exactly(world1, lora_run
     assert {part: set(s) for part, s in shapes.items()} == {"actor": set(actor_keys), "critic": set(critic_keys)}
     assert all(shapes[p][n] == tuple(state[p]["model"][n].shape) for p in shapes for n in shapes[p])
 
+    straight = PPOTrainer(original.settings, world1)  # loaded right after its build, as --resume does
+    straight.load_state_dict(state)
+    assert_same_tensors(original.actor_state_for_sync(), straight.actor_state_for_sync())
     resumed = PPOTrainer(original.settings, world1)
     trained = original.actor_state_for_sync()
     assert any(not torch.equal(v, trained[k]) for k, v in resumed.actor_state_for_sync().items())  # fresh adapters
