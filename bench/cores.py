@@ -30,13 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
-def _fmt(s: dict[str, float], digits: int = 2) -> str:
-    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+from colocate.bench.report import fmt, spread
 
 
 def models(preset: str, root: Path) -> tuple[str, str]:
@@ -140,12 +134,12 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 os.environ.pop("OMP_WAIT_POLICY", None)
             results.append({
                 "split": split, "wait": wait, "reward_nice": args.reward_nice,
-                "decode_tokens_per_s": _spread([x["tokens_per_s"] for x in runs["decode"]]),
-                "both_tokens_per_s": _spread([x["tokens_per_s"] for x in runs["both"]]),
-                "score_latency_s": _spread([x["score_latency_s"] for x in runs["score"]]),
-                "both_score_latency_s": _spread([x["score_latency_s"] for x in runs["both"]]),
-                "decode_wall_s": _spread([x["wall_s"] for x in runs["decode"]]),
-                "both_wall_s": _spread([x["wall_s"] for x in runs["both"]]),
+                "decode_tokens_per_s": spread([x["tokens_per_s"] for x in runs["decode"]]),
+                "both_tokens_per_s": spread([x["tokens_per_s"] for x in runs["both"]]),
+                "score_latency_s": spread([x["score_latency_s"] for x in runs["score"]]),
+                "both_score_latency_s": spread([x["score_latency_s"] for x in runs["both"]]),
+                "decode_wall_s": spread([x["wall_s"] for x in runs["decode"]]),
+                "both_wall_s": spread([x["wall_s"] for x in runs["both"]]),
             })
     return {"options": vars(args), "cores": len(os.sched_getaffinity(0)), "results": results}
 
@@ -160,9 +154,9 @@ def markdown(out: dict) -> str:
              "with decode | both wall s | decode alone wall s |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in out["results"]:
-        lines.append(f"| {r['split']} | {r['wait']} | {_fmt(r['decode_tokens_per_s'], 1)} | "
-                     f"{_fmt(r['both_tokens_per_s'], 1)} | {_fmt(r['score_latency_s'], 3)} | "
-                     f"{_fmt(r['both_score_latency_s'], 3)} | {_fmt(r['both_wall_s'])} | {_fmt(r['decode_wall_s'])} |")
+        lines.append(f"| {r['split']} | {r['wait']} | {fmt(r['decode_tokens_per_s'], 1)} | "
+                     f"{fmt(r['both_tokens_per_s'], 1)} | {fmt(r['score_latency_s'], 3)} | "
+                     f"{fmt(r['both_score_latency_s'], 3)} | {fmt(r['both_wall_s'])} | {fmt(r['decode_wall_s'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     args.wait = [w.strip() for w in args.wait.split(",") if w.strip()]
-    bad = [s for s in args.splits if len(s.split("/")) != 2 or not all(x.isdigit() and int(x) > 0 for x in s.split("/"))]
+    bad = [s for s in args.splits
+           if len(s.split("/")) != 2 or not all(x.isdigit() and int(x) > 0 for x in s.split("/"))]
     bad += [w for w in args.wait if w not in ("default", "active", "passive")]
     if bad:
         ap.error(f"--splits takes A/R thread counts (e.g. 2/1), --wait default|passive|active; got {bad}")

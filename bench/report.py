@@ -24,7 +24,8 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
-def _fmt(s: dict[str, float], digits: int = 2) -> str:
+def fmt(s: dict[str, float], digits: int = 2) -> str:
+    """A spread as 'median [min–max]' ('–' when empty)."""
     if not s["n"]:
         return "–"
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
@@ -124,11 +125,11 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, s in summary.items():
         lines.append(
-            f"| {mode} | {_fmt(s['trained_samples_per_s'])} | {_fmt(s['vs_sequential'])}x | "
-            f"{_fmt(s['response_tokens_per_s'], 0)} | {_fmt(s['step_s'])} | {_fmt(s['generate_s'])} | "
-            f"{_fmt(s['reward_tail_s'])} | {_fmt(s['train_s'])} | {_fmt(s['sync_s'])} | "
-            f"{_fmt(s['engine_busy'])} | {_fmt(s['deferred'], 1)} | {_fmt(s['reward_mean'], 3)} | "
-            f"{_fmt(s['bound_efficiency'])} |")
+            f"| {mode} | {fmt(s['trained_samples_per_s'])} | {fmt(s['vs_sequential'])}x | "
+            f"{fmt(s['response_tokens_per_s'], 0)} | {fmt(s['step_s'])} | {fmt(s['generate_s'])} | "
+            f"{fmt(s['reward_tail_s'])} | {fmt(s['train_s'])} | {fmt(s['sync_s'])} | "
+            f"{fmt(s['engine_busy'])} | {fmt(s['deferred'], 1)} | {fmt(s['reward_mean'], 3)} | "
+            f"{fmt(s['bound_efficiency'])} |")
     if peer_info:
         lines += ["", f"{peer_label(peer_info)} (trl {peer_info.get('trl_version', '?')}, same models/batch"
                   f"{_group_note(peer_info)}, responses of {peer_info['trl_response_len']:.0f} tokens on average "
@@ -149,8 +150,8 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
         for mode, s in summary.items():
             t = s.get("trajectories")
             if t:
-                lines.append(f"| {mode} | {_fmt(t['turns'], 2)} | {_fmt(t['tool_calls'], 2)} | "
-                             f"{_fmt(t['tool_call_rate'], 2)} | {_fmt(t['env_tokens'], 1)} |")
+                lines.append(f"| {mode} | {fmt(t['turns'], 2)} | {fmt(t['tool_calls'], 2)} | "
+                             f"{fmt(t['tool_call_rate'], 2)} | {fmt(t['env_tokens'], 1)} |")
     guard = contention_line(summary, limit_cores)
     if guard:
         lines += ["", guard]

@@ -147,6 +147,23 @@ def precision_policy(param_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
+def first_pass(model: nn.Module, device: torch.device) -> None:
+    """One no-grad forward of a token through a sharded model, then reshard it.
+
+    FSDP2 fixes each group's gradient dtypes at the model's first forward, from the
+    parameters that require grad at that moment. A LoRA actor's first pass in a step is the
+    reference, under PEFT's ``disable_adapter``, which turns the adapters' ``requires_grad``
+    off: under bf16 compute, torch 2.11's FSDP2 then found no trainable parameter, reduced
+    bf16 gradients and refused to store them in the fp32 shards (found on an H200; torch
+    2.14 falls back to the floating parameters' dtypes). A first pass while the parameters
+    to train require grad fixes the dtypes from them on every torch. The root's parameters
+    stay unsharded after a forward, so it reshards (a checkpoint loads into shards).
+    """
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+    model.reshard()
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU state dict with the model's own names on rank 0; {} on other ranks.
 

@@ -49,8 +49,8 @@ from .estimators import outcome_advantages
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
-from .distributed import (DistInfo, all_reduce_sum, broadcast_object, full_state_dict, full_state_everywhere,
-                          full_tensors, init_distributed, local_bytes, shard_model)
+from .distributed import (DistInfo, all_reduce_sum, broadcast_object, first_pass, full_state_dict,
+                          full_state_everywhere, full_tensors, init_distributed, local_bytes, shard_model)
 from .lora import BASE_WEIGHT, adapted_weight, add_lora, is_lora, merged_weights
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
@@ -85,7 +85,7 @@ class PPOTrainer:
                 model = _trainable(model, settings, settings.lora.on_actor)
             model = shard_model(model.eval(), self.dist, compute)
             if trained and settings.lora.on_actor:
-                _first_pass_with_adapters(model, self.dist.device)
+                first_pass(model, self.dist.device)  # FSDP's gradient dtypes from the adapters
             return model
 
         self.actor = load_actor(trained=True)
@@ -402,22 +402,6 @@ def _model_tokens(x: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """x [B, T] on the trained tokens, exactly 0 elsewhere (environment tokens, padding),
     whatever x holds there: an inf/NaN left there would reach the gradient as 0 * inf."""
     return torch.where(loss_mask.to(x.device), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def _first_pass_with_adapters(model: nn.Module, device: torch.device) -> None:
-    """One no-grad forward of a token through a sharded LoRA actor, adapters on.
-
-    FSDP2 fixes each group's gradient dtypes at the model's first forward, from the
-    parameters that require grad at that moment. The step's first pass is the reference,
-    under PEFT's ``disable_adapter``, which turns the adapters' ``requires_grad`` off: under
-    bf16 compute, torch 2.11's FSDP2 then found no trainable parameter, reduced bf16
-    gradients and refused to store them in the fp32 shards (found on an H200; torch 2.14
-    falls back to the floating parameters' dtypes). A first pass with the adapters on fixes
-    them from the adapters (fp32 masters, fp32 reduction) on every torch.
-    """
-    with torch.no_grad():
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
-    model.reshard()  # the root's parameters stay unsharded after a forward; a checkpoint loads into shards
 
 
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:

@@ -8,7 +8,7 @@ from colocate.bench import cores
 
 
 def _spread(x: float) -> dict[str, float]:
-    return {"median": x, "min": x - 1, "max": x + 1}
+    return {"median": x, "min": x - 1, "max": x + 1, "n": 3}
 
 
 def test_markdown_has_a_row_per_split_and_policy_with_its_numbers():
