@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from colocate.modes import DEFERRED, MODES, STREAMED
+from colocate.engine.start_checks import check_own_server_args
 from colocate.errors import ConfigError
 from colocate.faults import parse
 
@@ -142,6 +143,11 @@ class EnginesConfig:
     # GPU (1, the default); n > 1: the first rank of every n ranks of a node runs an n-way
     # tensor-parallel engine over those GPUs and the others only train.
     tp_size: int = 1
+    attention_backend: str = ""  # SGLang's attention kernels ("": torch_native on CPU, SGLang's pick on GPU)
+    cuda_graph: bool = True  # CUDA: decode with CUDA graphs (false: SGLang's disable_cuda_graph; CPU: always off)
+    # SGLang's own arguments (its ServerArgs, verl's engine_kwargs.sglang) for both engines, e.g.
+    # {sampling_backend: pytorch}; checked against the installed SGLang when an engine starts
+    sglang: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,9 +315,21 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> Any:
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
             changes[name] = _apply(current, value, f"{key}.")
+        elif typing.get_origin(hints[name]) is dict:
+            changes[name] = _merge(current, value, key)
         else:
             changes[name] = _coerce(value, hints[name], key)
     return dataclasses.replace(obj, **changes)
+
+
+def _merge(current: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
+    """A mapping field: ``value``'s entries over ``current``'s (a YAML mapping, several ``--set key.name=...``)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping (e.g. --set {key}.<name>=<value>), got {value!r}")
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{key}: names must be strings, got {bad[0]!r}")
+    return {**current, **value}
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -324,8 +342,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        parsed = yaml.safe_load(value) if value.strip() else ""
+        old = node.get(parts[-1])  # a mapping given twice (engines.sglang) merges, left to right
+        node[parts[-1]] = {**old, **parsed} if isinstance(old, dict) and isinstance(parsed, dict) else parsed
     return out
 
 
@@ -396,6 +418,9 @@ def validate(cfg: Config) -> None:
     from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
 
     LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
+    # engines.sglang without SGLang: none colocate sets itself, no mapping values (names and
+    # types are checked against SGLang's ServerArgs when an engine starts)
+    check_own_server_args(cfg.engines.sglang)
     if cfg.run.fault_at:
         parse(cfg.run.fault_at)  # one line naming run.fault_at
 

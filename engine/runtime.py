@@ -19,12 +19,12 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Literal, Sequence
+from typing import Any, AsyncIterator, Iterable, Literal, Mapping, Sequence
 
 import psutil
 
 from .errors import EngineError, EngineStartError
-from .start_checks import check_allocator_conf, check_model, start_error
+from .start_checks import check_allocator_conf, check_model, check_server_arg_values, check_server_args, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api
 
@@ -82,10 +82,34 @@ class EngineConfig:
     lora_rank: int = 0
     lora_target_modules: str = ""  # comma-separated, e.g. "q_proj,v_proj" ("": SGLang's "all"); JSON-safe
     lora_backend: str | None = None  # None: torch_native on CPU, SGLang's pick (csgmv) on GPU
+    cuda_graph: bool = True  # CUDA: capture CUDA graphs for decoding (always off on CPU)
+    # SGLang's own arguments (its ServerArgs) passed last, as (name, value) pairs sorted by
+    # name, lists as tuples (hashable; a mapping or list of pairs is accepted and frozen);
+    # checked before start-up (engine.start_checks)
+    server_args: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "server_args", frozen_server_args(self.server_args))
 
     @property
     def label(self) -> str:
         return f"{self.role} engine ({self.model_path})"
+
+
+def frozen_server_args(args: Mapping[str, Any] | Iterable[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """``args`` (a mapping, or ``(name, value)`` pairs: JSON gives lists) as pairs sorted by
+    name with every list a tuple; a mapping value is refused in one line."""
+    pairs = dict(args.items() if isinstance(args, Mapping) else (tuple(p) for p in args))
+    check_server_arg_values(pairs)
+    return tuple((str(name), _frozen(value)) for name, value in sorted(pairs.items()))
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _thawed(value: Any) -> Any:
+    return [_thawed(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
@@ -133,7 +157,10 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         kw["tp_size"] = cfg.tp_size
         if cfg.attention_backend:
             kw["attention_backend"] = cfg.attention_backend
-    return {k: v for k, v in kw.items() if v is not None}
+        if not cfg.cuda_graph:
+            kw["disable_cuda_graph"] = True
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return kw | {name: _thawed(value) for name, value in cfg.server_args}
 
 
 class SglangEngine:
@@ -147,6 +174,8 @@ class SglangEngine:
         if platform.device == "cuda" and cfg.enable_memory_saver:
             check_allocator_conf(os.environ)
         api = sglang_api.load()
+        if cfg.server_args:  # one line before any of SGLang's processes starts
+            check_server_args(cfg, sglang_api.server_arg_types(), platform.sglang_version)
         self._api = api
         started = time.perf_counter()
         try:

@@ -18,10 +18,12 @@ import importlib.util
 import os
 import re
 import sys
+import typing
 import warnings
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 SUPPORTED_SGLANG = ("0.5.",)
 _STANDIN_DIR = Path(__file__).resolve().parent / "cpu_kernel"
@@ -156,6 +158,24 @@ def load() -> SimpleNamespace:
         UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
         MultiprocessingSerializer=MultiprocessingSerializer,
     )
+
+
+@lru_cache(maxsize=1)
+def server_arg_types() -> dict[str, Any]:
+    """SGLang's ``ServerArgs`` fields (what ``sglang.Engine(**kwargs)`` takes): name ->
+    annotation, ``Annotated`` metadata stripped (after :func:`prepare`)."""
+    prepare()
+    import msgspec
+    from sglang.srt.server_args import ServerArgs  # a msgspec Struct in 0.5.23, a dataclass before
+
+    if dataclasses.is_dataclass(ServerArgs):
+        try:
+            hints = typing.get_type_hints(ServerArgs)
+        except (NameError, TypeError):  # an annotation that does not resolve: names only
+            hints = {}
+        return {f.name: hints.get(f.name) for f in dataclasses.fields(ServerArgs)}
+    hints = {f.name: f.type for f in msgspec.structs.fields(ServerArgs)}
+    return {name: typing.get_args(h)[0] if typing.get_origin(h) is typing.Annotated else h for name, h in hints.items()}
 
 
 def token_counters(model_name: str) -> dict[str, float]:

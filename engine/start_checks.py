@@ -2,17 +2,22 @@
 
 Owns: the model folder checks (missing folder, wrong model family, non-causal reward
 model, shipped model code), the allocator setting SGLang's memory saver cannot work with,
-and reading SGLang's start-up failures into a one-line :class:`EngineStartError` with a
-hint. Leaves out: starting the engine (``engine.runtime``).
+SGLang's own arguments (``engines.sglang``: the ones colocate sets itself refused without
+SGLang, unknown names and wrong scalar types against SGLang's ``ServerArgs``), and reading
+SGLang's start-up failures into a one-line :class:`EngineStartError` with a hint. Leaves
+out: starting the engine (``engine.runtime``), importing SGLang (``engine.sglang_api``).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import types
+import typing
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-from .errors import EngineStartError
+from .errors import EngineConfigError, EngineStartError
 
 # Causal (decoder-only) sequence-classification models: a score at a position depends
 # only on the tokens before it, the only kind the incremental reward path is exact for.
@@ -81,6 +86,101 @@ def check_allocator_conf(environ: Mapping[str, str]) -> None:
                     f"{var} sets expandable_segments:True, which SGLang's memory saver (the engines' "
                     f"sleep/wake between rollout and training) cannot work with; unset it or set "
                     f"{var}=expandable_segments:False")
+
+
+SERVER_ARGS_FIELD = "engines.sglang"  # where SGLang's own arguments are configured
+_ITSELF = "colocate sets it itself"
+_SLEEP = f"{_ITSELF} (the engines sleep while the trainer trains)"
+# SGLang arguments colocate decides (engine.runtime._server_kwargs) -> what to set instead
+OWN_SERVER_ARGS = {
+    "model_path": "colocate sets it from models.actor / models.reward",
+    "device": "set engines.device instead",
+    "dtype": "colocate sets it from engines.dtype",
+    "random_seed": "colocate sets it from run.seed",
+    "log_level": "set engines.log_level instead",
+    "trust_remote_code": "set models.trust_remote_code instead",
+    "tp_size": "set engines.tp_size instead",
+    "mem_fraction_static": "set engines.mem_fraction_static instead",
+    "max_total_tokens": "set engines.actor_max_total_tokens / engines.reward_max_total_tokens instead",
+    "attention_backend": "set engines.attention_backend instead",
+    "disable_cuda_graph": "set engines.cuda_graph instead",
+    "disable_overlap_schedule": "colocate sets it from overlap.pause_mode (in_place: off)",
+    "context_length": f"{_ITSELF} (the model's own, which the start-up checks count on)",
+    "base_gpu_id": f"{_ITSELF} (each rank's own GPU)",
+    "nccl_port": f"{_ITSELF} (a port of its own per engine of a node)",
+    "enable_memory_saver": _SLEEP,
+    "enable_weights_cpu_backup": _SLEEP,
+    "enable_metrics": f"{_ITSELF} (SGLang's metrics are process-wide: one engine per process)",
+    **dict.fromkeys(("skip_tokenizer_init", "is_embedding", "weight_version", "sleep_on_idle", "enable_lora",
+                     "max_lora_rank", "lora_target_modules", "lora_backend"), _ITSELF),
+}
+# EngineConfig fields SGLang's own argument may set when the field leaves them to SGLang (None)
+_SHARED_SERVER_ARGS = ("max_running_requests", "chunked_prefill_size")
+_SCALARS = (bool, int, float, str)
+
+
+def check_own_server_args(args: Mapping[str, Any]) -> None:
+    """SGLang's own arguments (name -> value) that colocate sets itself, refused in one
+    line naming what to set instead, and mapping values; needs no SGLang."""
+    for name in args:
+        if name in OWN_SERVER_ARGS:
+            raise EngineConfigError(f"{SERVER_ARGS_FIELD}.{name}: {OWN_SERVER_ARGS[name]}")
+    check_server_arg_values(args)
+
+
+def check_server_arg_values(args: Mapping[str, Any]) -> None:
+    """Values are scalars or lists of them: a mapping has no hashable form that survives
+    JSON (an ``EngineConfig`` is compared, hashed and handed to a feeder process as JSON)."""
+    for name, value in args.items():
+        if _holds_mapping(value):
+            raise EngineConfigError(f"{SERVER_ARGS_FIELD}.{name}: a mapping value is not supported; give "
+                                    "SGLang's JSON-string form of the argument where it has one")
+
+
+def _holds_mapping(value: Any) -> bool:
+    return isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and any(map(_holds_mapping, value)))
+
+
+def check_server_args(cfg, arg_types: Mapping[str, Any], version: str) -> None:
+    """``cfg.server_args`` (an ``EngineConfig``'s) against SGLang ``version``'s
+    ``ServerArgs`` (``arg_types``: name -> annotation): colocate's own, unknown names (the
+    close match suggested) and values of the wrong type, each one line."""
+    args = dict(cfg.server_args)
+    check_own_server_args(args)
+    for name, value in args.items():
+        key = f"{SERVER_ARGS_FIELD}.{name}"
+        if name not in arg_types:
+            close = difflib.get_close_matches(name, list(arg_types), n=1)
+            hint = (f"; did you mean '{close[0]}'?" if close
+                    else " (python -m sglang.launch_server --help lists them, dashes for underscores)")
+            raise EngineConfigError(f"{key}: not an argument of SGLang {version}'s ServerArgs{hint}")
+        if name in _SHARED_SERVER_ARGS and getattr(cfg, name) is not None:
+            raise EngineConfigError(f"{key}: the engine's own {name} is set too ({getattr(cfg, name)}); set one")
+        expected = _scalar_type(arg_types[name])
+        if expected is not None and not _is_a(value, *expected):
+            want = expected[0].__name__ + (" or null" if expected[1] else "")
+            raise EngineConfigError(f"{key}: expected {want}, got {value!r} ({type(value).__name__})")
+
+
+def _scalar_type(annotation: Any) -> tuple[type, bool] | None:
+    """(bool/int/float/str, whether None is allowed) of a plain or Optional annotation; else None."""
+    if annotation in _SCALARS:
+        return annotation, False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(rest) == 1 and rest[0] in _SCALARS and len(typing.get_args(annotation)) == 2:
+            return rest[0], True
+    return None
+
+
+def _is_a(value: Any, kind: type, optional: bool) -> bool:
+    if value is None:
+        return optional
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 MEMORY_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "memoryerror")

@@ -50,7 +50,9 @@ def tiny_rm_path(tiny_dir):
 def actor_engine(tiny_actor_path):
     from colocate.engine.runtime import EngineConfig, SglangEngine
 
-    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384))
+    # one of SGLang's own arguments (engines.sglang), not its default: read back in test_engine_errors
+    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384,
+                                    server_args={"watchdog_timeout": 600.0}))
     yield eng
     eng.shutdown()
 

@@ -1,10 +1,13 @@
-"""Bad input to the engines gives one-line errors before SGLang is involved."""
+"""Bad input to the engines gives one-line errors before SGLang is involved (or, for
+SGLang's own arguments, before any of its processes starts); good ones reach it."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from colocate.assets.models import build_tiny_bidirectional_model
+from colocate.engine.errors import EngineConfigError
 from colocate.engine.runtime import EngineConfig, EngineStartError, SglangEngine
 
 
@@ -32,6 +35,28 @@ def test_engine_that_cannot_start_gives_one_line(tiny_actor_path):
     with pytest.raises(EngineStartError) as e:
         SglangEngine(cfg, field="models.actor")
     assert "\n" not in str(e.value) and "could not start the actor engine" in str(e.value)
+
+
+@pytest.mark.slow
+def test_sglang_arguments_reach_the_running_engine(actor_engine):
+    """The shared actor engine starts with ``server_args={"watchdog_timeout": 600.0}``
+    (tests/conftest.py); SGLang's default is 300."""
+    assert actor_engine.cfg.server_args == (("watchdog_timeout", 600.0),)
+    assert actor_engine._engine.server_args.watchdog_timeout == 600.0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ({"sampling_backnd": "pytorch"}, r"engines.sglang.sampling_backnd: not an argument of SGLang 0\.5\.\d+'s "
+                                     r"ServerArgs; did you mean 'sampling_backend'\?"),
+    ({"stream_interval": "fast"}, r"engines.sglang.stream_interval: expected int, got 'fast' \(str\)"),
+    ({"attention_backend": "triton"}, r"engines.sglang.attention_backend: set engines.attention_backend instead"),
+])
+def test_bad_sglang_arguments_fail_in_one_line_before_any_process_starts(tiny_actor_path, args, needle):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(EngineConfigError, match=needle) as e:
+        SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", server_args=args))
+    assert "\n" not in str(e.value)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
 # SGLang's own text when a scheduler child dies while starting (sglang 0.5.x engine.py)

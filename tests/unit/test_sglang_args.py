@@ -1,0 +1,135 @@
+"""SGLang's own arguments (``engines.sglang``): parsed and merged from YAML and ``--set``,
+round-tripped through a run's config.json, carried into both engines' kwargs last, and
+checked in one line against the installed SGLang's real ``ServerArgs``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from colocate.config import from_dict, load_config, to_dict
+from colocate.engine import sglang_api
+from colocate.engine.errors import EngineConfigError
+from colocate.engine.runtime import EngineConfig, _server_kwargs
+from colocate.engine.start_checks import OWN_SERVER_ARGS, check_server_args
+from colocate.errors import CONFIG_ERRORS, ConfigError
+from colocate.run import builder
+from colocate.run.resume import config_changes
+
+
+def test_yaml_and_several_overrides_merge_left_to_right(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("engines:\n  sglang:\n    sampling_backend: pytorch\n    stream_interval: 2\n")
+    cfg = load_config(path, ["engines.sglang.stream_interval=4", "engines.sglang.watchdog_timeout=600",
+                             "engines.cuda_graph=false", "engines.attention_backend=triton"])
+    assert cfg.engines.sglang == {"sampling_backend": "pytorch", "stream_interval": 4, "watchdog_timeout": 600}
+    assert (cfg.engines.cuda_graph, cfg.engines.attention_backend) == (False, "triton")
+    # a whole mapping given after single names merges with them too
+    cfg = load_config(overrides=["engines.sglang.stream_interval=4", "engines.sglang={watchdog_timeout: 9}"])
+    assert cfg.engines.sglang == {"stream_interval": 4, "watchdog_timeout": 9}
+    assert load_config().engines.sglang == {} and load_config().engines.cuda_graph is True
+
+
+def test_config_json_round_trip_and_resume_names_each_changed_argument():
+    cfg = load_config(overrides=["engines.sglang.sampling_backend=pytorch",
+                                 "engines.sglang.cuda_graph_bs_decode=[1,2]"])
+    assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+    resumed = load_config(overrides=["engines.sglang.stream_interval=4"], base=cfg)
+    assert resumed.engines.sglang == {"sampling_backend": "pytorch", "cuda_graph_bs_decode": [1, 2],
+                                      "stream_interval": 4}
+    assert config_changes(cfg, resumed) == [("engines.sglang.stream_interval", None, 4)]
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["engines.sglang=pytorch"],
+     "engines.sglang: expected a mapping (e.g. --set engines.sglang.<name>=<value>), got 'pytorch'"),
+    (["engines.sglang.dtype=float16"], "engines.sglang.dtype: colocate sets it from engines.dtype"),
+    (["engines.sglang.attention_backend=triton"],
+     "engines.sglang.attention_backend: set engines.attention_backend instead"),
+    (["engines.sglang.disable_cuda_graph=true"], "engines.sglang.disable_cuda_graph: set engines.cuda_graph instead"),
+    (["engines.sglang.skip_tokenizer_init=false"], "engines.sglang.skip_tokenizer_init: colocate sets it itself"),
+    (["engines.sglang.mm_process_config.x=1"], "engines.sglang.mm_process_config: a mapping value is not supported"),
+])
+def test_config_errors_are_one_line_without_sglang(overrides, needle):
+    with pytest.raises(CONFIG_ERRORS) as e:
+        load_config(overrides=overrides)
+    assert str(e.value).startswith(needle) and "\n" not in str(e.value)
+
+
+def test_a_yaml_mapping_with_non_string_names_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("engines:\n  sglang:\n    1: x\n")
+    with pytest.raises(ConfigError, match=r"^engines.sglang: names must be strings, got 1$"):
+        load_config(path)
+
+
+def test_both_engines_get_the_arguments_last_and_colocate_decides_the_rest():
+    cfg = load_config(overrides=["engines.device=cuda", "engines.sglang.sampling_backend=pytorch",
+                                 "engines.sglang.cuda_graph_bs_decode=[1,2,4]", "engines.cuda_graph=false",
+                                 "engines.attention_backend=triton"])
+    actor, reward = builder.engine_configs(cfg, "/m/actor", "/m/rm")
+    for engine in (actor, reward):
+        assert engine.server_args == (("cuda_graph_bs_decode", (1, 2, 4)), ("sampling_backend", "pytorch"))
+        kw = _server_kwargs(engine, "cuda")
+        assert kw["sampling_backend"] == "pytorch" and kw["cuda_graph_bs_decode"] == [1, 2, 4]  # a list again
+        assert kw["disable_cuda_graph"] is True and kw["attention_backend"] == "triton"
+    default = builder.engine_configs(load_config(overrides=["engines.device=cuda"]), "/m/actor", "/m/rm")[0]
+    assert "disable_cuda_graph" not in _server_kwargs(default, "cuda")
+    assert "attention_backend" not in _server_kwargs(default, "cuda")  # SGLang's pick
+    cpu = builder.engine_configs(load_config(overrides=["engines.device=cpu"]), "/m/actor", "/m/rm")[0]
+    assert _server_kwargs(cpu, "cpu")["attention_backend"] == "torch_native"
+    assert _server_kwargs(cpu, "cpu")["disable_cuda_graph"] is True
+
+
+def test_engine_config_is_hashable_equal_by_content_and_survives_json():
+    """EnginePool takes engines by equal EngineConfig; a feeder process gets it as JSON."""
+    a = EngineConfig("/m", server_args={"stream_interval": 2, "cuda_graph_bs_decode": [1, 2]})
+    b = EngineConfig("/m", server_args=(("cuda_graph_bs_decode", (1, 2)), ("stream_interval", 2)))
+    assert a == b and hash(a) == hash(b) and a != EngineConfig("/m")
+    assert EngineConfig(**json.loads(json.dumps(dataclasses.asdict(a)))) == a
+    with pytest.raises(EngineConfigError, match=r"^engines.sglang.x: a mapping value is not supported"):
+        EngineConfig("/m", server_args={"x": {"y": 1}})
+
+
+@pytest.fixture(scope="module")
+def arg_types():
+    return sglang_api.server_arg_types()  # the installed SGLang's real ServerArgs
+
+
+def test_every_argument_colocate_sets_is_refused_and_is_real(arg_types):
+    """The refusal list is every name _server_kwargs can pass, and names real ServerArgs fields."""
+    lora = EngineConfig("/m", role="reward", lora_rank=8, lora_backend="triton", context_length=64, nccl_port=1,
+                        overlap_schedule=False, enable_metrics=True, attention_backend="triton", cuda_graph=False,
+                        max_running_requests=4, chunked_prefill_size=64)
+    passed = set(_server_kwargs(lora, "cuda")) | set(_server_kwargs(lora, "cpu"))
+    assert passed - {"max_running_requests", "chunked_prefill_size"} == set(OWN_SERVER_ARGS)
+    assert set(OWN_SERVER_ARGS) <= set(arg_types)
+
+
+@pytest.mark.parametrize("args, needle", [
+    ({"sampling_backnd": "pytorch"}, "engines.sglang.sampling_backnd: not an argument of SGLang 9.9's ServerArgs; "
+                                     "did you mean 'sampling_backend'?"),
+    ({"stream_interval": "2"}, "engines.sglang.stream_interval: expected int, got '2' (str)"),
+    ({"stream_interval": True}, "engines.sglang.stream_interval: expected int, got True (bool)"),
+    ({"sampling_backend": 3}, "engines.sglang.sampling_backend: expected str or null, got 3 (int)"),
+    ({"enable_torch_compile": "yes"}, "engines.sglang.enable_torch_compile: expected bool, got 'yes' (str)"),
+    ({"max_running_requests": 8}, None),  # colocate leaves it to SGLang: passed through
+    ({"watchdog_timeout": 600, "sampling_backend": None, "cuda_graph_bs_decode": [1, 2]}, None),
+    ({"log_level": "info"}, "engines.sglang.log_level: set engines.log_level instead"),
+])
+def test_arguments_checked_against_the_real_server_args(arg_types, args, needle):
+    cfg = EngineConfig("/m", server_args=args)
+    if needle is None:
+        check_server_args(cfg, arg_types, "9.9")
+        return
+    with pytest.raises(EngineConfigError) as e:
+        check_server_args(cfg, arg_types, "9.9")
+    assert str(e.value) == needle
+
+
+def test_an_argument_the_engine_config_sets_too_is_refused(arg_types):
+    cfg = EngineConfig("/m", max_running_requests=4, server_args={"max_running_requests": 8})
+    with pytest.raises(EngineConfigError, match=r"max_running_requests: the engine's own .* is set too \(4\)"):
+        check_server_args(cfg, arg_types, "9.9")
