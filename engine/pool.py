@@ -67,6 +67,10 @@ class EnginePool:
         """Engines kept and not taken."""
         return len(self._idle)
 
+    def kept(self) -> tuple[SglangEngine, ...]:
+        """The engines kept and not taken, oldest given back first."""
+        return tuple(self._idle)
+
     def close(self) -> None:
         """Shut every kept engine down."""
         while self._idle:

@@ -178,12 +178,16 @@ class SglangEngine:
             check_server_args(cfg, sglang_api.server_arg_types(), platform.sglang_version)
         self._api = api
         started = time.perf_counter()
+        free_before = _device_free_bytes(cfg.base_gpu_id) if platform.device == "cuda" else 0
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0):
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
             raise start_error(cfg, exc) from None
         self.start_seconds = time.perf_counter() - started
+        # CUDA: the memory the engine took on its (first) GPU as it started: weights, KV pool,
+        # graphs (what a release should give back; 0 on CPU)
+        self.start_gpu_bytes = free_before - _device_free_bytes(cfg.base_gpu_id) if free_before else 0
         self._model_name = _server_kwargs(cfg, platform.device)["model_path"]
         self._child_pids = list(self._engine.get_all_child_pids())
         # SGLang's exit hook (Engine.shutdown) kills every child of this process, those of
@@ -428,6 +432,12 @@ class SglangEngine:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(procs, timeout=30)
+
+
+def _device_free_bytes(gpu: int) -> int:
+    import torch  # CUDA engines only; the device is read as every process on it sees it
+
+    return int(torch.cuda.mem_get_info(gpu)[0])
 
 
 def _raise_failed(label: str, call: str, reply: Any) -> None:

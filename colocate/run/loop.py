@@ -129,6 +129,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "mem/train_state_mb": s.trainer.state_mb(),  # parameters, gradients, optimizer moments (this rank)
         "sync/pushed_mb": s.sync_mb(),  # weights pushed into the engine per sync (LoRA: the adapted linears)
         "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
+        **s.timesharing.take_stats(),  # sync/push_s; CUDA: gpu/* memory at each sleep and wake
         **{f"time/{k}": v for k, v in timer.seconds.items()},
         **data.stats,  # rollout/* and overlap/* (zeros where the mode has no overlap)
         **{f"actor/{k}": v for k, v in actor_stats.items()},

@@ -32,6 +32,7 @@ from typing import Callable, Sequence, TypeVar
 import torch
 
 from colocate.engine.runtime import CUDA_GRAPH, KV_CACHE, MEMORY_TAGS, WEIGHTS
+from colocate.monitor.device_memory import DeviceMemory
 
 State = TypeVar("State")
 
@@ -52,17 +53,23 @@ class TimeSharing:
     same on every rank, engines or not, since the gather is collective. ``quiesce``: stops
     every request the engines would get from this rank's own tasks (the inline reward
     feeder's scoring, ``Rollouts.drain``) before they release. ``barrier``: waits for every
-    rank (tensor-parallel engines, whose shards share GPUs with other ranks' trainers)."""
+    rank (tensor-parallel engines, whose shards share GPUs with other ranks' trainers).
+    ``memory``: readings of the device around each call (``gpu/*`` metrics of the step,
+    :meth:`take_stats`); by default the CUDA device's when the engines run there."""
 
     def __init__(self, engines: list, trainer, log: Callable[[str], None] = print, *,
                  device_push: bool = False, quiesce: Callable[[], None] | None = None,
-                 barrier: Callable[[], None] | None = None) -> None:
+                 barrier: Callable[[], None] | None = None, memory: DeviceMemory | None = None) -> None:
         self.engines = [e for e in engines if e is not None]
         self.trainer = trainer
         self.device_push = device_push
         self.quiesce = quiesce
         self.barrier = barrier or (lambda: None)
         self.active = any(e.device == "cuda" for e in self.engines)
+        if memory is None and self.active and torch.cuda.is_available():
+            memory = DeviceMemory.cuda(sum(getattr(e, "start_gpu_bytes", 0) for e in self.engines))
+        self.memory = memory
+        self._stats: dict[str, float] = {}
         if not self.active and self.engines:
             log("time-sharing: CPU run — SGLang memory release/resume needs CUDA, so the "
                 "sleep/wake calls are no-ops here (measured, not an error)")
@@ -73,7 +80,9 @@ class TimeSharing:
         if self.active:
             if self.quiesce is not None:
                 self.quiesce()
+            self._read("before_release")
             release(self.engines)
+            self._read("after_release")
         self.barrier()  # a TP engine's shards are off every GPU before any trainer loads
         self.trainer.onload()
 
@@ -87,19 +96,36 @@ class TimeSharing:
         empty torch's cache and wake KV caches and CUDA graphs. Elsewhere: gather to host,
         offload (nothing to free), push."""
         start = time.perf_counter()
+        self._read("trained")
         if self.device_push:
             self.trainer.offload(keep_actor=True)  # optimizer states, reference, critic: the gather needs none
             self.barrier()  # every rank's room made before a TP engine's weights wake on its GPU
             for e in self.engines:
                 e.resume_memory([WEIGHTS])
+            pushed = time.perf_counter()
             push(gather())
+            self._stats["sync/push_s"] = time.perf_counter() - pushed  # gather + cast + push, device to device
+            self._read("weights_pushed")
             self.trainer.offload()
             torch.cuda.empty_cache()  # what the push staged on the device goes back before KV wakes
             self.barrier()  # every rank offloaded before a TP engine's KV wakes on its GPU
             for e in self.engines:
                 e.resume_memory([KV_CACHE, CUDA_GRAPH])
+            self._read("woken")
             return time.perf_counter() - start
         state = gather()
         gathered = time.perf_counter() - start
         self.trainer.offload()
-        return gathered + push(state)
+        pushed = push(state)
+        self._stats["sync/push_s"] = pushed
+        return gathered + pushed
+
+    def _read(self, point: str) -> None:
+        if self.memory is not None:
+            getattr(self.memory, point)()
+
+    def take_stats(self) -> dict[str, float]:
+        """The last sleep/wake's ``sync/push_s`` and (CUDA) ``gpu/*`` readings; cleared."""
+        out = {**self._stats, **(self.memory.take() if self.memory is not None else {})}
+        self._stats = {}
+        return out

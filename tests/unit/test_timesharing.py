@@ -258,3 +258,42 @@ def test_trainer_dtype_and_its_fsdp_policy(overrides, device, want):
     # the CPU engines serve what the CPU trainer computes in (auto)
     assert builder.engine_dtype(load_config(overrides=[*overrides, "engines.device=cpu"]), False) == \
         builder.trainer_dtype(cfg, "cpu")
+
+
+def test_each_sleep_and_wake_reads_the_devices_memory_at_the_right_points():
+    """gpu/* metrics: free memory read before and after the release (what the engines gave
+    back, and its share of what they took at start), the trainer's peak since the release,
+    free memory after the push and after the KV wake; sync/push_s times the push alone."""
+    from colocate.monitor.device_memory import GIB, DeviceMemory
+
+    calls: list = []
+    free = iter([10, 40, 12, 5])  # GiB: before release, after release, after push, after KV wake
+    memory = DeviceMemory(lambda: calls.append("read free") or next(free) * GIB,
+                          lambda: calls.append("read peak") or 25 * GIB, lambda: calls.append("reset peak"),
+                          engines_bytes=int(32 * GIB))
+    ts = timesharing.TimeSharing([_Engine("actor", calls), _Engine("reward", calls)], _Trainer(calls),
+                                 device_push=True, memory=memory)
+    ts.sleep_engines()
+    assert calls == ["read free", ("actor", "release", MEMORY_TAGS), ("reward", "release", MEMORY_TAGS),
+                     "read free", "reset peak", ("trainer", "onload")]
+    calls.clear()
+    ts.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: calls.append(("actor", "push", *dict(pairs))) or 0.0)
+    assert calls == ["read peak", ("trainer", "offload all but the actor"), ("actor", "resume", ("weights",)),
+                     ("reward", "resume", ("weights",)), ("actor", "push", "w"), "read free", ("trainer", "offload"),
+                     ("actor", "resume", ("kv_cache", "cuda_graph")), ("reward", "resume", ("kv_cache", "cuda_graph")),
+                     "read free"]
+    stats = ts.take_stats()
+    assert stats.pop("sync/push_s") >= 0
+    assert stats == {"gpu/free_gib_before_release": 10, "gpu/free_gib_for_training": 40, "gpu/released_gib": 30,
+                     "gpu/released_frac": 30 / 32, "gpu/engines_started_gib": 32,
+                     "gpu/train_peak_allocated_gib": 25, "gpu/free_gib_after_push": 12, "gpu/free_gib_after_wake": 5}
+    assert ts.take_stats() == {}  # taken once per step
+
+
+def test_without_a_device_only_the_push_is_timed():
+    calls: list = []
+    ts = timesharing.TimeSharing([_Engine("actor", calls, device="cpu")], _Trainer(calls), log=lambda m: None)
+    assert ts.memory is None
+    ts.sleep_engines()
+    ts.wake_and_sync(lambda: {}, lambda state: 0.25)
+    assert ts.take_stats() == {"sync/push_s": 0.25}
