@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU check of the engine path, in one call of a lent CUDA machine (issue 35): SGLang's
+# CUDA engine through the carried kit, then colocate train's loop in every mode.
+#   1. scripts/gpu_probe.py: SGLang alone (torch_native and triton attention): start,
+#      generate, release + re-fill the freed memory + resume, weight pushes by CUDA-IPC
+#      (tensor list, flattened bucket), greedy tokens against HF on pushed weights;
+#   2. python -m colocate.bench.loop_check: SmolLM2-shaped random actor + small random
+#      reward model, 3 steps each of sequential, oppo, inter, GRPO, LoRA, multi-turn
+#      (one process, engines kept across parts), with the attention backend the probe
+#      found working; per step: phase seconds, gpu/* memory at each sleep and wake, sync.
+# What comes back ($OUT, refreshed every 15 s so a cut-off run still reports): log.txt,
+# probe.json, summary.json, runs.tgz (each part's metrics.jsonl and config.json).
+#
+# On the GPU machine (the image: Python 3.12, torch 2.11 + CUDA 13, Triton, no index) the
+# kit travels as .gpukit/site.tgz, made here by `bash scripts/gpu_kit/make.sh`; the device
+# call carries [".gpukit/site.tgz"] and runs `bash scripts/gpu_engine_check.sh`.
+#   DEVICE=cpu OUT=/tmp/gec bash scripts/gpu_engine_check.sh          # dry run here, tiny shapes
+#   DEVICE=cpu GPU_CHECK_S=0 bash scripts/gpu_engine_check.sh         # wiring only (the test)
+#   PYTHONPATH=scripts/gpu_kit/image_sim:engine/cpu_kernel:scripts/gpu_kit/overlay DEVICE=cpu \
+#     bash scripts/gpu_engine_check.sh   # dry run with the GPU image's missing packages hidden
+# Knobs: GPU_CHECK_S (budget, default 420 s), PROBE_S (the probe's share, default 200 s),
+# PARTS (comma list), STEPS, PART_STEPS (e.g. lora=2,grpo=2), BACKENDS (the probe's attention
+# backends, in order), ATTN (the loop's attention backend; given, the probe is skipped).
+set -u
+OUT=${OUT:-runs/gpu-engine-check}
+DEVICE=${DEVICE:-cuda}
+BUDGET=${GPU_CHECK_S:-420}
+T0=$(date +%s)
+left() { echo $(( T0 + BUDGET - $(date +%s) )); }
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/gpu-engine-check.XXXX)
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+if [ "$DEVICE" = cuda ]; then
+  SHAPE=smollm2-135m; STEPS=${STEPS:-3}; BACKENDS=${BACKENDS:-torch_native,triton}
+  mkdir -p /tmp/site && tar xzf .gpukit/site.tgz -C /tmp/site || { echo "no .gpukit/site.tgz: run scripts/gpu_kit/make.sh and carry it"; exit 1; }
+  cp scripts/gpu_kit/overlay/cutedsl_dual_gemm.py /tmp/site/sglang/kernels/ops/gemm/
+  export PYTHONPATH=/tmp/site:$PWD/scripts/gpu_kit/overlay
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$W/install.log" 2>&1 || { cat "$W/install.log"; exit 1; }
+  # the kit's switches: SGLang's torch paths for fused ops, no sgl_kernel version check, the
+  # Python radix tree, no JIT kernels, no flashinfer; torch_memory_saver's preload library
+  # needs CUDA 13's runtime on the loader's path (without it release frees nothing)
+  export SGLANG_FORCE_FUSED_OP_BACKEND=torch SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+    SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python SGLANG_CRASH_ON_JIT_COMPILE=1 SGLANG_IS_FLASHINFER_AVAILABLE=false
+  CUDART=$(python3 -c "import glob, nvidia; print(sorted(f for p in nvidia.__path__ for f in glob.glob(p + '/**/libcudart.so.13', recursive=True))[0])")
+  export LD_LIBRARY_PATH=$(dirname "$CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+else
+  SHAPE=tiny; STEPS=${STEPS:-1}; BACKENDS=${BACKENDS:-torch_native}
+fi
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+
+pack() {
+  [ -f "$W/loop/summary.json" ] && cp "$W/loop/summary.json" "$OUT/summary.json"
+  [ -d "$W/loop" ] && tar czf "$OUT/runs.tgz" -C "$W/loop" --exclude=checkpoints . 2>/dev/null
+  return 0
+}
+
+if [ -n "${ATTN:-}" ]; then
+  echo "== probe skipped: ATTN=$ATTN given"
+else
+echo "== probe ($(left) s left)"
+[ "$(left)" -gt 0 ] || BACKENDS=""
+PROBE_S=${PROBE_S:-200}
+timeout $(( $(left) > PROBE_S ? PROBE_S : ($(left) > 30 ? $(left) : 30) )) \
+  python3 scripts/gpu_probe.py --device "$DEVICE" --shape "$SHAPE" --backends "$BACKENDS" --out "$OUT" \
+  --work "$W/probe-models"
+echo "probe rc $?"
+# the attention backend for the loop: triton where the probe generated with it and its
+# greedy tokens matched HF's for 16+ tokens of every prompt, or differed first at a near-tie
+# (HF's margin there under 2 % of the logits' spread: bf16 rounding picks either), else torch_native
+ATTN=$(python3 - "$OUT/probe.json" <<'EOF'
+import json, sys
+try:
+    steps = {s["step"]: s for s in json.load(open(sys.argv[1]))["steps"]}
+except (OSError, ValueError, KeyError):
+    steps = {}
+hf = steps.get("triton:hf_greedy_model_b", {})
+tie = lambda r: r["equal_prefix"] >= 16 or r.get("hf_margin_at_first_difference", 1.0) <= 0.02 * r.get("logit_std", 0.0)
+print("triton" if hf.get("ok") and all(tie(r) for r in hf["rows"]) else "torch_native")
+EOF
+)
+fi
+echo "== loop check, attention $ATTN ($(left) s left)"
+ENG=(--set engines.attention_backend="$ATTN" --set engines.log_level=warning)
+[ "$DEVICE" = cuda ] && ENG+=(--set engines.cuda_graph=false --set engines.sglang.sampling_backend=pytorch
+                             --set engines.sglang.bf16_gemm_backend=torch)
+(while sleep 15; do pack; done) & PACKER=$!
+timeout $(( $(left) > 10 ? $(left) : 10 )) python3 -m colocate.bench.loop_check --device "$DEVICE" --shape "$SHAPE" \
+  --steps "$STEPS" --out "$W/loop" --work "$W/models" --deadline-s $(( $(left) - 20 )) \
+  ${PARTS:+--parts "$PARTS"} ${PART_STEPS:+--part-steps "$PART_STEPS"} "${ENG[@]}"
+echo "loop check rc $?"
+kill $PACKER 2>/dev/null
+pack
+echo "done, $(left) s left; $OUT: $(ls "$OUT" | tr '\n' ' ')"
