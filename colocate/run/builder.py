@@ -99,9 +99,13 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
     (its GPU, its share of the CPU cores, ports of its own when several ranks share the
     node); reward is None without a reward model."""
     e = cfg.engines
-    actor_threads, reward_threads = engine_threads(cfg, placement.engine_cores(len(os.sched_getaffinity(0))))
+    on_cuda = e.device == "cuda" or (e.device == "auto" and torch.cuda.is_available())
+    # CPU thread budgets only matter where the engines compute on the CPU; on CUDA they would
+    # make every mode's engines differ and an EnginePool start new ones per mode (found on an H100)
+    actor_threads, reward_threads = (0, 0) if on_cuda else engine_threads(
+        cfg, placement.engine_cores(len(os.sched_getaffinity(0))))
     shared_node = placement.local_world > placement.tp_size
-    common = dict(device=e.device, dtype=engine_dtype(cfg, torch.cuda.is_available()), seed=cfg.run.seed,
+    common = dict(device=e.device, dtype=engine_dtype(cfg, on_cuda), seed=cfg.run.seed,
                   mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
                   trust_remote_code=cfg.models.trust_remote_code, base_gpu_id=placement.gpu_id,
                   tp_size=e.tp_size, attention_backend=e.attention_backend or None, cuda_graph=e.cuda_graph,

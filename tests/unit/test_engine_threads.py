@@ -42,3 +42,15 @@ def test_reward_engine_config_carries_the_run_settings_and_survives_json():
     assert actor.role == "actor" and actor.max_total_tokens == cfg.engines.actor_max_total_tokens
     assert EngineConfig(**json.loads(json.dumps(dataclasses.asdict(reward)))) == reward
     assert engine_configs(cfg, "/models/a", None)[1] is None
+
+
+def test_cuda_engines_are_the_same_in_every_mode_so_a_pool_keeps_them():
+    """Found on an H100: the CPU thread budget made each mode's CUDA engines differ, and an
+    EnginePool started a new actor and reward engine (~50 s) for every mode change."""
+    def configs(device: str, mode: str):
+        return engine_configs(load_config(overrides=[f"engines.device={device}", f"overlap.mode={mode}"]),
+                              "/m/actor", "/m/rm")
+    cuda = [configs("cuda", m) for m in ("sequential", "intra", "inter", "oppo")]
+    assert all(c == cuda[0] for c in cuda) and cuda[0][0].threads == cuda[0][1].threads == 0
+    cpu = configs("cpu", "sequential"), configs("cpu", "oppo")
+    assert cpu[0][0].threads != cpu[1][0].threads or len(__import__("os").sched_getaffinity(0)) == 1
