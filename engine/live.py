@@ -16,7 +16,7 @@ twice. When a later step launches the sample again it adopts the live stream ins
 sending a new request: the tokens produced meanwhile, and the finish, are already there.
 
 Leaves out: when to pause and continue the engine (``engine.oppo`` pauses at the cut; the
-weight sync continues it), what to defer (``engine.scheduler``).
+time-sharing continues it after the weight sync and the KV wake), what to defer (``engine.scheduler``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,12 @@ class LiveRequest:
     task: asyncio.Task  # the stream (engine.rollout.stream_sample)
     relay: Relay
     tag: str  # the step tag of its request id (for an abort)
+    start_len: int = 0  # the sample's tokens when its request was sent
+
+    @property
+    def started(self) -> bool:
+        """Whether its request has produced a token yet (else it still waits in the engine's queue)."""
+        return len(self.sample.output_ids) > self.start_len
 
 
 def frozen(sample: Sample) -> Sample:
@@ -108,6 +114,10 @@ class LiveRequests:
     def __contains__(self, index: int) -> bool:
         return index in self._live
 
+    def indices(self) -> tuple[int, ...]:
+        """The sample indices of the parked streams."""
+        return tuple(self._live)
+
     def park(self, req: LiveRequest) -> None:
         req.relay.park()
         self._live[req.sample.index] = req
@@ -115,6 +125,10 @@ class LiveRequests:
     def adopt(self, index: int) -> LiveRequest | None:
         """The parked stream of sample ``index`` (removed from here), or None."""
         return self._live.pop(index, None)
+
+    def unstarted(self) -> list[int]:
+        """Parked requests that have produced no token: they were still queued at the pause."""
+        return [i for i, r in self._live.items() if not r.started]
 
     async def discard(self, engine, indices: Sequence[int] | None = None, timeout_s: float = 30.0) -> int:
         """Abort the parked requests of ``indices`` (all: None) and wait for their streams

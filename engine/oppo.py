@@ -94,7 +94,7 @@ class _Run:
         req = self.live.adopt(sample.index) if self.live is not None else None
         if req is None:
             relay = Relay()
-            req = LiveRequest(sample, asyncio.ensure_future(stream(sample, relay)), relay, tag)
+            req = LiveRequest(sample, asyncio.ensure_future(stream(sample, relay)), relay, tag, len(sample.output_ids))
         else:
             mark(self.timeline, "adopt", sample.index, prior=len(req.sample.output_ids))
         self.streams[sample.index] = req
@@ -151,6 +151,11 @@ async def run_step(
             else:
                 parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
 
+    if live is not None and pause_mode == "in_place" and live.unstarted():
+        # queued at an in-place pause: their radix namespace (the weight version they were sent
+        # under) would match the old weights' KV of their prompt while their tokens count as the
+        # new version's; they end here and go again as new requests (their copies are deferred)
+        await live.discard(actor, live.unstarted())
     await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
     await rollout.prefill_shared_prompts(actor, samples, tag)  # before any member runs
     for s in samples:
@@ -179,8 +184,10 @@ async def _park(actor, mode: str, stragglers: Sequence[int], run: _Run, tasks, c
     for i in stragglers:
         if i in clock_scored:
             continue  # it finished and was scored before the pause: a completed sample
-        tasks[i].cancel()
         req = run.streams.get(i)
+        if req is not None and req.task.done() and req.sample.finished:
+            continue  # it finished while the pause was on its way: its task scores it, a completed sample
+        tasks[i].cancel()
         if req is not None:
             mark(run.timeline, "parked", i, tokens=len(req.sample.output_ids))
             run.live.park(req)

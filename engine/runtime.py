@@ -299,6 +299,11 @@ class SglangEngine:
         await self._engine.tokenizer_manager.continue_generation(obj)
         self.paused = None
 
+    def continue_paused(self) -> None:
+        """:meth:`continue_generation` from outside the engines' loop (guarded); no-op unpaused."""
+        if self.paused is not None:
+            run_guarded([self], self.continue_generation())
+
     def _thaw(self) -> None:
         if self._suspended:
             self._signal_processes(suspend=False)

@@ -185,8 +185,12 @@ class Rollouts:
             self.client.last_heard = time.monotonic()  # the loop slept while training
         self.check_feeder()
         started = time.perf_counter()
-        if plan.dropped and len(self.live):  # too stale to train on: their parked requests end
-            run_guarded([self.actor], self.live.discard(self.actor, [s.index for s in plan.dropped]))
+        ending = [s.index for s in plan.dropped]  # too stale to train on: their parked requests end
+        if not step_mode.defers:  # no cut pauses the engine again: a parked request this step does not
+            launched = {s.index for s in plan.launch}  # launch would run on, unconsumed, into the weight
+            ending += [i for i in self.live.indices() if i not in launched]  # sync (its copy stays deferred)
+        if ending and len(self.live):
+            run_guarded([self.actor], self.live.discard(self.actor, ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
         if plain:
             seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline,

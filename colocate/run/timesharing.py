@@ -11,7 +11,8 @@ reference, critic: verl's order), wake the engines' weights, push the actor's we
 device to device while FSDP still holds its shards there (each tensor all-gathered in
 turn, cut into buckets, cast, handed over as CUDA-IPC handles: no host round trip, as
 slime and verl push), offload the actor, empty torch's cache, then wake the KV caches
-and CUDA graphs (waking KV before the push is how peers hit OOM at wake-up). The peak of
+and CUDA graphs (waking KV before the push is how peers hit OOM at wake-up), and only
+then let requests paused at the cut go on (``overlap.pause_mode`` retract). The peak of
 the push is then the actor's FSDP shard + the engines' weights + one gathered tensor +
 two buckets, not the whole training state beside the engines' weights. A tensor-parallel
 engine (``engines.tp_size`` > 1) holds shards on the GPUs of ranks that host no engine:
@@ -112,13 +113,23 @@ class TimeSharing:
             for e in self.engines:
                 e.resume_memory([KV_CACHE, CUDA_GRAPH])
             self._read("woken")
+            self._continue()
             return time.perf_counter() - start
         state = gather()
         gathered = time.perf_counter() - start
         self.trainer.offload()
         pushed = push(state)
         self._stats["sync/push_s"] = pushed
+        self._continue()
         return gathered + pushed
+
+    def _continue(self) -> None:
+        """Requests paused at the cut (``overlap.pause_mode`` in_place/retract) go on under
+        the new weights, only now that the KV cache is back: SGLang's continue does not check
+        for released memory, and retracted requests would be scheduled into it."""
+        for e in self.engines:
+            if getattr(e, "paused", None) is not None:
+                e.continue_paused()
 
     def _read(self, point: str) -> None:
         if self.memory is not None:

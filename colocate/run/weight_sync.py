@@ -17,7 +17,6 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
-from colocate.engine.runtime import run_guarded
 from colocate.run.tp_exchange import TPExchange
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
@@ -45,18 +44,15 @@ def buckets(state: Weights, bucket_bytes: int,
 
 
 def sync(engine, state: Weights, version: int, bucket_mb: int, tp: TPExchange | None = None) -> float:
-    """Load ``state`` into ``engine`` as ``version``, in the engine's dtype, then let the
-    requests paused at the last cut (``overlap.pause_mode`` in_place/retract) go on under
-    the new weights; returns seconds taken. ``tp``: a tensor-parallel engine's TP rank i
-    gets training rank i's copy of each bucket (the other ranks :func:`serve` theirs)."""
+    """Load ``state`` into ``engine`` as ``version``, in the engine's dtype; returns seconds
+    taken. Requests paused at the last cut (``overlap.pause_mode`` in_place/retract) stay
+    paused: the time-sharing lets them go on once the engine's KV cache is back
+    (``colocate.run.timesharing``). ``tp``: a tensor-parallel engine's TP rank i gets
+    training rank i's copy of each bucket (the other ranks :func:`serve` theirs)."""
     cut = buckets(state, bucket_mb << 20, getattr(torch, engine.cfg.dtype))
     if tp is None:
-        seconds = engine.update_weights(cut, version=version)
-    else:
-        seconds = tp.push(lambda walk, exchange: engine.update_weights(walk, version=version, exchange=exchange), cut)
-    if engine.paused is not None:
-        run_guarded([engine], engine.continue_generation())
-    return seconds
+        return engine.update_weights(cut, version=version)
+    return tp.push(lambda walk, exchange: engine.update_weights(walk, version=version, exchange=exchange), cut)
 
 
 def serve(tp: TPExchange, state: Weights, bucket_mb: int) -> None:

@@ -150,3 +150,126 @@ def test_no_stale_prefix_is_served_while_paused_requests_keep_the_cache(in_place
     finally:
         actor_engine.update_weights(buckets(old, 20_000), version=v0 + 2)
 
+
+
+class _PauseAfter:
+    """The real engine, whose pause first waits until ``sample`` has finished (at most 60 s):
+    the window where a straggler ends while the cut's pause is on its way."""
+
+    def __init__(self, engine, sample: Sample):
+        self._engine, self._sample = engine, sample
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def pause(self, mode: str) -> None:
+        import asyncio
+
+        for _ in range(6000):
+            if self._sample.finished:
+                break
+            await asyncio.sleep(0.01)
+        await self._engine.pause(mode)
+
+
+def test_a_straggler_that_finishes_while_the_pause_is_on_its_way_is_a_finished_sample(actor_engine):
+    """Issue 39.5: the cut's pause cancelled every straggler not yet scored, one that had
+    just ended with its whole output included, and parked a frozen copy saying "abort" (a
+    resume would then continue it past its end)."""
+    import asyncio
+
+    samples = [Sample(i, p, b) for i, (p, b) in enumerate(zip(_prompts(4), [4, 24, 160, 160]))]
+    actor = _PauseAfter(actor_engine, samples[1])
+
+    async def score(sample, streamed, rid, step):  # sample 1's reward takes a while (a reward model)
+        await asyncio.sleep(1.0 if sample.index == 1 else 0.0)
+        return 1.0
+
+    live = LiveRequests()
+    res = actor_engine.loop.run_until_complete(oppo.run_step(
+        actor, samples, GREEDY, 1, score=score, cut_after=1, pause_mode="retract", live=live))
+    try:
+        done = {s.index: s for s in res.completed}
+        assert 1 in done and done[1].finish_reason == "length" and len(done[1].output_ids) == 24
+        assert 1 not in live and all(s.index != 1 for s in res.unfinished)
+        assert {s.index for s in res.unfinished} == {2, 3} and all(s.finish_reason == "abort" for s in res.unfinished)
+    finally:
+        actor_engine.loop.run_until_complete(live.discard(actor_engine))
+    assert actor_engine.paused is None
+
+
+def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp_path, tiny_pair, run_overrides,
+                                                                            engine_pool):
+    """Issue 39.6: under overlap.mode=auto with a pause mode, a step that does not defer
+    continued the engine (every parked request with it) but launched only what fits, and
+    nothing paused the engine again: the weight sync met requests running, unconsumed, and
+    SGLang refused the cache flush (on CUDA the release would wait for them). Such a step
+    now ends the parked requests it does not launch (their frozen copies stay deferred and
+    resume as prompt + partial)."""
+    from colocate.config import load_config
+    from colocate.run import builder, loop as ppo_loop
+
+    overrides = run_overrides(tiny_pair("ppo", 0, 2), tmp_path, "rollout.batch_size=4", "rollout.group_size=4",
+                              "ppo.advantage=grpo", "ppo.minibatches=1", "overlap.mode=auto",
+                              "overlap.auto_modes=inter,sequential", "overlap.auto_trials=1",
+                              "overlap.pause_mode=retract", "overlap.delta_init=3", "overlap.delta_max=3",
+                              "overlap.delta_adaptive=false", "rollout.max_new_tokens=512",
+                              "rollout.length_dist=pareto", "rollout.length_median=8", "rollout.ignore_eos=true",
+                              "overlap.drop_staleness=100")
+    s = builder.build(load_config(overrides=overrides), log=lambda m: None, engines=engine_pool)
+    try:
+        ran = []
+        for _ in range(3):  # auto's queue: inter (warm-up), inter, sequential
+            part = ppo_loop.rollout(s)
+            ran.append(part.stats["overlap/auto_deferral"])
+            if ran[-1] == 1.0:
+                assert part.stats["overlap/parked"] > 0  # stragglers left in the paused engine
+            assert s.actor.flush_cache(), ran  # nothing runs into the sync (retracted requests count as idle)
+            s.timesharing.wake_and_sync(s.gather_weights, s.push_weights)
+        assert ran == [1.0, 1.0, 0.0]
+        assert part.stats["overlap/parked"] == 0 and s.actor.paused is None
+        assert s.rollouts.scheduler.deferred  # the ended ones stay deferred, partials kept
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time_engine(tiny_actor_path):
+    """An in-place actor engine that runs one request at a time: the others wait in its queue."""
+    from colocate.engine.runtime import EngineConfig, SglangEngine
+
+    eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384,
+                                    overlap_schedule=False, max_running_requests=1))
+    yield eng
+    eng.shutdown()
+
+
+def test_in_place_requests_still_queued_at_the_pause_run_on_the_new_weights_only(one_at_a_time_engine,
+                                                                                 tiny_actor_path):
+    """Issue 39.7: the radix namespace of a request is fixed when it is sent, and in_place
+    never flushes; a group member still queued at the pause matched its group's prompt KV
+    of the old weights while its tokens counted as the new version's (a row that looks
+    on-policy). Such members now go again as new requests: every token of theirs is the new
+    weights' own, prompt KV included."""
+    eng = one_at_a_time_engine
+    run = eng.loop.run_until_complete
+    shared = _prompts(2)[1]
+    samples = [Sample(0, _prompts(1)[0], 4)] + [Sample(i, list(shared), 24, group=1) for i in (1, 2, 3)]
+    v0 = eng.weight_version
+    live = LiveRequests()
+    res = run(oppo.run_step(eng, samples, GREEDY, 1, cut_after=1, pause_mode="in_place", live=live))
+    assert eng.paused == "in_place" and {s.index for s in res.unfinished} == {1, 2, 3}
+    new = _perturbed(tiny_actor_path, seed=5)
+    eng.update_weights(buckets(new, 20_000), version=v0 + 1)
+    res2 = run(oppo.run_step(eng, res.unfinished, GREEDY, 2, pause_mode="in_place", live=live))
+    assert {s.index for s in res2.completed} == {1, 2, 3}
+    # the member in the running batch at the pause got its first token from the old weights
+    # (in place: its KV stays, as designed); those still queued have every token from the new
+    queued = [s for s in res2.completed if s.versions[0] == v0 + 1]
+    assert len(queued) >= 2  # one request runs at a time: at least two members waited
+    for s in queued:
+        assert s.versions == [v0 + 1] * 24
+        with torch.no_grad():
+            logits = new(torch.tensor([s.prompt_ids + s.output_ids[:-1]])).logits[0, len(s.prompt_ids) - 1:]
+        want = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(s.output_ids)[:, None])[:, 0]
+        assert max(abs(a - float(b)) for a, b in zip(s.logprobs, want)) < 1e-4, s.index

@@ -297,3 +297,22 @@ def test_without_a_device_only_the_push_is_timed():
     ts.sleep_engines()
     ts.wake_and_sync(lambda: {}, lambda state: 0.25)
     assert ts.take_stats() == {"sync/push_s": 0.25}
+
+
+def test_requests_paused_at_the_cut_go_on_only_after_the_kv_cache_is_back():
+    """Issue 39.1: with overlap.pause_mode=retract on CUDA, continuing inside the push (as
+    the sync did) let SGLang schedule the retracted requests into the released KV cache
+    while the trainer offloaded; the continue must come after the KV's resume."""
+    calls: list = []
+    actor, reward = _Engine("actor", calls), _Engine("reward", calls)
+    actor.paused = "retract"
+    actor.continue_paused = lambda: calls.append(("actor", "continue"))
+    ts = timesharing.TimeSharing([actor, reward], _Trainer(calls), device_push=True)
+    ts.wake_and_sync(lambda: iter([("w", 1)]), lambda pairs: calls.append(("actor", "push", *dict(pairs))) or 0.0)
+    assert calls.index(("actor", "continue")) > calls.index(("actor", "resume", ("kv_cache", "cuda_graph")))
+    assert calls[-1] == ("actor", "continue") and calls.count(("actor", "continue")) == 1
+    calls.clear()  # on CPU (nothing released) it goes on right after the push, as before
+    actor.device = "cpu"
+    cpu = timesharing.TimeSharing([actor], _Trainer(calls), log=lambda m: None)
+    cpu.wake_and_sync(lambda: {"w": 1}, lambda state: calls.append(("actor", "push")) or 0.0)
+    assert calls == [("trainer", "offload"), ("actor", "push"), ("actor", "continue")]
