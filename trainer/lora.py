@@ -100,14 +100,19 @@ def adapted_weight(name: str) -> bool:
     return name.endswith((_BASE, _A, _B))
 
 
-def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: float,
+                   others: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """The HF-named merged weight ``W + scaling · B @ A`` of each adapted linear of a LoRA
     actor, from its (PEFT name, full tensor) pairs (``adapted_weight`` ones suffice);
-    other names are skipped. Lazy: one linear's three tensors are held at a time."""
+    other names are skipped, or with ``others`` passed on under their HF names (the
+    frozen base: embeddings, norms, LM head, linears without adapters): the whole model.
+    Lazy: one linear's three tensors are held at a time."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named:
         suffix = next((s for s in (_BASE, _A, _B) if name.endswith(s)), None)
         if suffix is None:
+            if others:
+                yield name.removeprefix(PEFT_PREFIX), tensor
             continue
         module = name[: -len(suffix)]
         held = parts.setdefault(module, {})

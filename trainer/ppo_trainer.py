@@ -101,7 +101,7 @@ class PPOTrainer:
             critic.model = _trainable(critic.model, settings, settings.lora.on_critic)  # the value head trains in full
             self.critic = shard_model(critic.eval(), self.dist, compute)
             self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
-        self._sync_numel: int | None = None  # `sync_numel`, counted at its first call
+        self._sync_numel: tuple[int, int] | None = None  # `sync_numel` (adapted only, whole), counted at its first call
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
         self.stash = HostStash()  # pinned host buffers of the CUDA offload, reused every step
 
@@ -283,21 +283,25 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- weights and state
 
-    def actor_state_for_sync(self, everywhere: bool = False) -> dict[str, torch.Tensor]:
+    def actor_state_for_sync(self, everywhere: bool = False, adapted_only: bool = True) -> dict[str, torch.Tensor]:
         """Full HF-named actor state dict (float32, CPU) on rank 0 ({} on other ranks), or on
         every rank (``everywhere``: each rank's engine gets the weights). Collective.
-        LoRA: only the adapted linears' merged weights (the rest is the base the engine holds)."""
+        LoRA: the adapted linears' merged weights, with ``adapted_only`` nothing else (the
+        rest is the frozen base, which an engine holds unless it served other weights)."""
         if self.settings.lora.on_actor:
-            merged = {name: t.to("cpu", copy=True) for name, t in self.actor_tensors()}
+            merged = {name: t.to("cpu", copy=True) for name, t in self.actor_tensors(adapted_only)}
             return merged if everywhere or self.dist.is_main else {}
         return full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
 
-    def actor_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def actor_tensors(self, adapted_only: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's full HF-named tensors one at a time on the training device (CUDA: the
-        device-to-device weight push); LoRA: the adapted linears' merged weights only. Lazy
-        and collective: every rank iterates it to the end."""
+        device-to-device weight push); LoRA: the adapted linears' merged weights, and with
+        ``adapted_only`` off the frozen base's other tensors too. Lazy and collective: every
+        rank iterates it to the end."""
         if self.settings.lora.on_actor:
-            return merged_weights(full_tensors(self.actor, keep=adapted_weight), self.settings.lora.scaling)
+            keep = adapted_weight if adapted_only else None
+            return merged_weights(full_tensors(self.actor, keep=keep), self.settings.lora.scaling,
+                                  others=not adapted_only)
         return full_tensors(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
@@ -361,15 +365,17 @@ class PPOTrainer:
                 total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
         return total / 2**20
 
-    def sync_numel(self) -> int:
-        """Elements each weight sync pushes (`actor_tensors`): the whole actor state, or under
-        LoRA the adapted linears' weights only. Bookkeeping from global shapes, no collective;
-        counted once (the loop asks every step)."""
+    def sync_numel(self, adapted_only: bool = True) -> int:
+        """Elements a weight sync pushes (`actor_tensors`): the whole actor state, or under
+        LoRA with ``adapted_only`` the adapted linears' weights only. Bookkeeping from global
+        shapes, no collective; counted once (the loop asks every step)."""
         if self._sync_numel is None:
             state = self.actor.state_dict()
             lora = self.settings.lora.on_actor
-            self._sync_numel = sum(t.numel() for name, t in state.items() if not lora or name.endswith(BASE_WEIGHT))
-        return self._sync_numel
+            adapted = sum(t.numel() for name, t in state.items() if name.endswith(BASE_WEIGHT))
+            whole = sum(t.numel() for name, t in state.items() if not (lora and adapted_weight(name))) + adapted
+            self._sync_numel = (adapted if lora else whole, whole)
+        return self._sync_numel[0 if adapted_only else 1]
 
     def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Name → global shape of the tensors `state_dict` saves, per model ("actor",

@@ -59,3 +59,31 @@ def _running(pid: int) -> bool:
     import psutil
 
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+def test_a_lora_run_on_a_kept_engine_serves_the_base_beside_its_adapters(tmp_path, tiny_pair, run_overrides,
+                                                                           engine_pool):
+    """Issue 39.3: a LoRA run's pushes carry only the adapted linears; its first push into an
+    engine kept from a full fine-tuning run left that run's trained norms (and embeddings,
+    LM head) in the engine. The first push of a run is now the whole model."""
+    import torch
+    from safetensors.torch import load_file
+
+    from colocate import api
+    from colocate.config import load_config
+    from colocate.run.builder import engine_configs
+
+    models = tiny_pair("ppo", 0, 2)
+    base = load_file(f"{models[0]}/model.safetensors")["model.norm.weight"]
+    common = ["run.eval_every=0", "run.save_every=0", "ppo.actor_lr=0.05"]
+    full = load_config(overrides=run_overrides(models, tmp_path / "full", "run.steps=2", *common))
+    api.train(full, engines=engine_pool, quiet=True)
+    want, _ = engine_configs(full, models[0], models[1])
+    (actor,) = [e for e in engine_pool.kept() if e.cfg == want]
+    trained = torch.tensor(actor.read_weight("model.norm.weight", truncate=base.numel()))
+    assert (trained - base).abs().max() > 1e-3  # the full run moved the norm the LoRA run does not train
+    api.train(load_config(overrides=run_overrides(models, tmp_path / "lora", "run.steps=0", "lora.rank=4", *common)),
+              engines=engine_pool, quiet=True)
+    assert actor in engine_pool.kept()  # the same engine served the LoRA run
+    served = torch.tensor(actor.read_weight("model.norm.weight", truncate=base.numel()))
+    assert torch.allclose(served, base, atol=1e-6)

@@ -197,6 +197,39 @@ def test_sync_holds_the_adapted_linears_merged_all_linear(lora_run, tiny_actor_p
     assert streamed.keys() == lora_run.trainer.actor_state_for_sync().keys()
 
 
+def test_a_whole_push_holds_the_merged_linears_and_every_other_base_tensor(lora_run, tiny_actor_path):
+    """Issue 39.2/3: where the engine may not hold the base (CUDA engines after a wake; a
+    run's first push into an engine kept from an earlier run) the push is the whole model:
+    the adapted linears merged, everything else the frozen base, under the HF names."""
+    from transformers import AutoModelForCausalLM
+
+    whole = {n: t.clone() for n, t in lora_run.trainer.actor_tensors(adapted_only=False)}
+    hf = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32).state_dict()
+    assert whole.keys() == hf.keys()  # embeddings, norms and LM head included
+    synced = lora_run.synced
+    for name, tensor in whole.items():
+        assert torch.equal(tensor, synced[name] if name in synced else hf[name]), name
+    host = lora_run.trainer.actor_state_for_sync(adapted_only=False)
+    assert host.keys() == whole.keys() and all(torch.equal(host[n], whole[n]) for n in whole)
+    trainer = lora_run.trainer
+    assert trainer.sync_numel(adapted_only=False) == sum(t.numel() for t in hf.values())
+    assert trainer.sync_numel() == sum(t.numel() for t in synced.values())
+
+
+def test_only_a_cpu_engines_step_pushes_may_leave_the_lora_base_out():
+    """The decision (Session.adapted_only): CUDA engines release their weights without a host
+    copy at every sleep, so every push there is whole; elsewhere only a run's first is."""
+    from types import SimpleNamespace
+
+    from colocate.run.session import Session
+
+    def session(device_push):
+        return SimpleNamespace(timesharing=SimpleNamespace(device_push=device_push))
+    assert Session.adapted_only(session(False)) is True
+    assert Session.adapted_only(session(False), first=True) is False
+    assert Session.adapted_only(session(True)) is False and Session.adapted_only(session(True), first=True) is False
+
+
 def test_sync_holds_only_the_targeted_linears_qwen(world1, tiny_qwen_path):
     lora = dataclasses.replace(LORA, target_modules="q_proj,v_proj")  # Qwen2's q/v carry a bias: not pushed
     trainer = PPOTrainer(settings_for(tiny_qwen_path, lora=lora, advantage="grpo"), world1)
