@@ -183,6 +183,8 @@ class Rollouts:
         carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
+        if self.env is not None:
+            self.env.step_started()  # nor do environment calls parked across it count that time
         self.check_feeder()
         started = time.perf_counter()
         ending = [s.index for s in plan.dropped]  # too stale to train on: their parked requests end
@@ -192,12 +194,16 @@ class Rollouts:
         if ending and len(self.live):
             run_guarded([self.actor], self.live.discard(self.actor, ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
-        if plain:
-            seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline,
-                                     turns=self.turns)
-            ended, chunk = plan.launch, 0
-        else:
-            seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling)
+        try:
+            if plain:
+                seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline,
+                                         turns=self.turns)
+                ended, chunk = plan.launch, 0
+            else:
+                seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling)
+        finally:
+            if self.env is not None:
+                self.env.step_ended()
         elapsed = time.perf_counter() - started
         train, defer = self.scheduler.select(ended)
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost

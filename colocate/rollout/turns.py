@@ -10,8 +10,8 @@ by ``rollout.turn_tokens`` gets the end-of-turn token prepended to close it);
 :class:`EnvTurns` — an :class:`~colocate.rollout.env.Environment` as the engine's
 :class:`~colocate.engine.rollout.MultiTurn`: the conversation so far rebuilt from the
 sample (the model's turns decoded for the environment to read, its own earlier answers as
-it gave them), one call per model turn under ``rollout.env_timeout_s`` (an ``async``
-step is awaited, a plain one runs in a daemon thread so a hung one cannot hold the
+it gave them), one call per model turn under ``rollout.env_timeout_s`` of rollout time
+(the trainer's phases, while a parked trajectory waits, do not count; an ``async`` step is awaited, a plain one runs in a daemon thread so a hung one cannot hold the
 process), the answer checked, and failures as one line naming the environment, the turn
 and the sample (``reward.on_error=raise``), or the trajectory ended there with nothing
 added and the failure counted (``zero``; ``env/errors`` in metrics.jsonl).
@@ -26,7 +26,8 @@ import asyncio
 import inspect
 import math
 import threading
-from typing import Any, Literal, Sequence
+import time
+from typing import Any, Awaitable, Literal, Sequence
 
 from colocate.engine.rollout import MultiTurn, Sample, TurnReply
 from colocate.errors import ColocateError
@@ -38,6 +39,14 @@ _ASSISTANT, _OBSERVATION = "\x1eASSISTANT\x1e", "\x1eOBSERVATION\x1e"  # sentine
 
 class EnvError(ColocateError):
     """An environment raised, hung or answered garbage (``reward.on_error=raise``)."""
+
+
+class TemplateRoleError(EnvError):
+    """The chat template cannot render an observation of the role the environment used."""
+
+
+# roles tried when a template refuses one, to name those it accepts
+_COMMON_ROLES = ("tool", "user", "system", "ipython", "observation", "environment", "function")
 
 
 EnvErrors = RewardFnErrors  # the same counter: failures scored as a zero since the last take
@@ -61,15 +70,35 @@ class ObservationTemplate:
     def _render(self, role: str) -> tuple[str, str]:
         if not getattr(self.tokenizer, "chat_template", None):
             return "\n", "\n"
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _ASSISTANT},
-                    {"role": role, "content": _OBSERVATION}]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if _ASSISTANT not in text or _OBSERVATION not in text:
-            raise EnvError(f"rollout.env: the tokenizer's chat template does not render a {role!r} message "
-                           "after an assistant one; answer with a role it knows (Observation.role)")
+        text = self._rendered(role)
+        if text is None or _ASSISTANT not in text or _OBSERVATION not in text:
+            accepted = [r for r in _COMMON_ROLES if r != role and self._renders(r)]
+            hint = (f"answer with a role it accepts: {', '.join(accepted)}" if accepted
+                    else f"it accepts none of {', '.join(_COMMON_ROLES)} there")
+            raise TemplateRoleError(f"Observation.role {role!r}: the tokenizer's chat template does not render "
+                                    f"such a message after an assistant one; {hint}")
         end = text.index(_ASSISTANT) + len(_ASSISTANT)
         start = text.index(_OBSERVATION, end)
         return text[end:start], text[start + len(_OBSERVATION):]
+
+    def _rendered(self, role: str) -> str | None:
+        """The template's text of a user, assistant, ``role`` conversation; None where the
+        template refuses it (strict templates raise, e.g. Gemma's alternation check)."""
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _ASSISTANT},
+                    {"role": role, "content": _OBSERVATION}]
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - jinja's TemplateError or the template's own raise_exception
+            return None
+
+    def _renders(self, role: str) -> bool:
+        text = self._rendered(role)
+        return text is not None and _ASSISTANT in text and _OBSERVATION in text
+
+    def check(self, role: str) -> None:
+        """Refuse ``role`` now, in one line, if the template cannot render it (start-up:
+        an environment that declares the role it answers with)."""
+        self.frame(role)
 
     def ids(self, text: str, role: str, model_ids: Sequence[int]) -> list[int]:
         """The tokens of observation ``text`` after a model turn ending in ``model_ids``.
@@ -108,6 +137,7 @@ class EnvTurns:
         self.max_turns, self.turn_tokens, self.timeout_s = max_turns, turn_tokens, timeout_s
         self.on_error = on_error
         self.errors = errors if errors is not None else EnvErrors()
+        self._away, self._away_since = 0.0, None  # seconds the rollout was out of the loop (training)
 
     @property
     def name(self) -> str:
@@ -121,24 +151,65 @@ class EnvTurns:
         try:
             obs = _checked(await self._call(sample.record, history(sample, self.decode)))
         except _Failure as exc:
-            what = f"rollout.env {self.name}: turn {turn} of sample {sample.index} {exc}"
-            if self.on_error == "raise":
-                raise EnvError(f"{what}; fix the environment, or set reward.on_error=zero to end such "
-                               "trajectories there (counted in env/errors)") from exc.__cause__
-            self.errors.count += 1
-            self.errors.last = what
-            return TurnReply([], done=True)
+            return self._failed(sample, turn, exc)
         if obs.done:
             return TurnReply([], reward=float(obs.reward), done=True)
-        ids = self.template.ids(obs.text, obs.role, sample.output_ids)
+        try:
+            ids = self.template.ids(obs.text, obs.role, sample.output_ids)
+        except TemplateRoleError as exc:
+            return self._failed(sample, turn, _Failure(f"answered with {exc}"))
         return TurnReply(ids, {"role": obs.role, "content": obs.text}, float(obs.reward))
+
+    def _failed(self, sample: Sample, turn: int, exc: _Failure) -> TurnReply:
+        """``reward.on_error``: raise one line naming the environment, turn and sample, or end
+        the trajectory there with nothing added and count it."""
+        what = f"rollout.env {self.name}: turn {turn} of sample {sample.index} {exc}"
+        if self.on_error == "raise":
+            raise EnvError(f"{what}; fix the environment, or set reward.on_error=zero to end such "
+                           "trajectories there (counted in env/errors)") from exc.__cause__
+        self.errors.count += 1
+        self.errors.last = what
+        return TurnReply([], done=True)
+
+    # ---- the clock of rollout.env_timeout_s: a step's time, not training's --------------------
+    def step_started(self) -> None:
+        """The rollout runs the engines' loop again: the time since :meth:`step_ended` (the
+        trainer held the process; no environment call could be heard) is not counted."""
+        if self._away_since is not None:
+            self._away += time.monotonic() - self._away_since
+            self._away_since = None
+
+    def step_ended(self) -> None:
+        """The rollout leaves the loop until the next step (calls parked across it wait)."""
+        self._away_since = time.monotonic()
+
+    def _clock(self) -> float:
+        now = time.monotonic()
+        return now - self._away - (now - self._away_since if self._away_since is not None else 0.0)
+
+    async def _within_timeout(self, call: Awaitable[Any]) -> Any:
+        """``call``'s result, or TimeoutError once it ran ``timeout_s`` of rollout time: a call
+        parked across a training phase (``overlap.pause_mode``) is not timed out by it."""
+        task = asyncio.ensure_future(call)
+        started = self._clock()
+        try:
+            while True:
+                left = self.timeout_s - (self._clock() - started)
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _call(self, record: dict[str, Any], messages: list[dict[str, str]]) -> Any:
         step = self.env.step
         try:
             if inspect.iscoroutinefunction(step):
-                return await asyncio.wait_for(step(record, messages), self.timeout_s)
-            return await asyncio.wait_for(_in_daemon_thread(step, record, messages), self.timeout_s)
+                return await self._within_timeout(step(record, messages))
+            return await self._within_timeout(_in_daemon_thread(step, record, messages))
         except asyncio.TimeoutError:
             raise _Failure(f"did not answer within {self.timeout_s:g} s (rollout.env_timeout_s)") from None
         except Exception as exc:  # noqa: BLE001 - the policy decides; nothing is swallowed silently

@@ -266,6 +266,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     env_errors = EnvErrors()  # one count across the rollout phases a session builds (the bench's per mode)
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
     tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
+    if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
+        ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
     prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     rollouts = None
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
