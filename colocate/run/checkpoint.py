@@ -4,7 +4,9 @@ Owns: writing a checkpoint folder (trainer state, run state incl. KL controller,
 position, RNG and the deferred buffer) so that a crash mid-write never damages the last
 good one: everything is written into a temporary sibling, a manifest with SHA-256
 checksums (and a JSON ``meta``: the models the run trains) is added, and the folder is
-renamed into place. Loading verifies the manifest.
+renamed into place. Loading verifies the manifest and reads tensors and plain data only
+(``torch.load(weights_only=True)``): a part that pickles any other object is refused in one
+line, never executed.
 
 Leaves out: what the states contain (the trainer and the loop produce them).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -98,5 +102,20 @@ def load(path: Path, only: tuple[str, ...] | None = None, what: str = "--resume"
         fpath = path / fname
         if not fpath.is_file() or _sha256(fpath) != digest:
             raise CheckpointError(f"{what}: checkpoint '{path}' is corrupt ({fname} fails its checksum)")
-        parts[fname[: -len(".pt")]] = torch.load(fpath, map_location="cpu", weights_only=False)
+        parts[fname[: -len(".pt")]] = _load_data(fpath, path, fname, what)
     return int(manifest["step"]), parts
+
+
+def _load_data(fpath: Path, path: Path, fname: str, what: str) -> Any:
+    """A part's tensors and plain data (dicts, lists, numbers, strings), never objects: a
+    checkpoint from elsewhere whose pickle carries code (its checksums rewritten, as anyone
+    who can write the folder can) is refused in one line, not run (torch's weights_only)."""
+    try:
+        return torch.load(fpath, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        holds = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(
+            f"{what}: checkpoint '{path}' refused: {fname} holds an object that is not a tensor or plain "
+            f"data{holds}, and loading it would run code it carries; use checkpoints written by colocate "
+            "from a source you trust") from None

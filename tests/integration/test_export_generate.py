@@ -93,3 +93,50 @@ def test_cli_bad_input_is_one_line(trained_run, tmp_path, args, needle):
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+class _Planted:
+    """A pickled object with a side effect, as a tampered checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _tampered(run_dir, dest, marker):
+    """A copy of ``run_dir`` whose newest checkpoint's trainer part carries a planted object,
+    its manifest checksum rewritten to match (anyone who can write the folder can)."""
+    import hashlib
+    import shutil
+
+    shutil.copytree(run_dir, dest)
+    ckpt = checkpoint.latest(dest / "checkpoints")
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    trainer["note"] = _Planted(marker)
+    torch.save(trainer, ckpt / "trainer.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["trainer.pt"] = hashlib.sha256((ckpt / "trainer.pt").read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
+def test_a_tampered_checkpoint_is_refused_in_one_line_and_never_run(trained_run, tmp_path, engine_pool):
+    """Issue 38.1: checkpoints were loaded with weights_only=False, so a pickled object's
+    __reduce__ ran on export, generate and --resume (tried: a marker file appeared)."""
+    from colocate.run.resume import load_run_config
+
+    summary, _ = trained_run
+    marker = tmp_path / "planted-ran"
+    run = _tampered(summary.out_dir, tmp_path / "run", marker)
+    runner = CliRunner()
+    for args in (["export", str(run), "--out", str(tmp_path / "x")], ["generate", str(run), "--prompt", "hi"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert "refused: trainer.pt holds an object that is not a tensor or plain data" in result.output
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    cfg = load_run_config(run, overrides=["run.steps=3"])
+    with pytest.raises(checkpoint.CheckpointError, match=r"--resume: checkpoint .* refused: trainer.pt holds"):
+        api.train(cfg, resume=run, quiet=True, engines=engine_pool)
+    assert not marker.exists()  # nothing it carried ran

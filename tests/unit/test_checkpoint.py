@@ -55,3 +55,26 @@ def test_writer_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
     assert latest.name == "step_00000001"
     step, parts = checkpoint.load(latest)
     assert step == 1 and torch.equal(parts["w"], torch.ones(8))
+
+
+class _Planted:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_part_that_pickles_an_object_is_refused_in_one_line_and_never_run(tmp_path):
+    """Issue 38.1: tensors and plain data only (torch's weights_only); the checksums match,
+    as a tampered folder's would."""
+    marker = tmp_path / "planted-ran"
+    path = checkpoint.save(tmp_path / "c", 3, {"trainer": {"w": torch.ones(2), "x": _Planted(marker)},
+                                               "run": {"step": 3}})
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(path, what="export")
+    msg = str(e.value)
+    assert msg.startswith("export: checkpoint") and "refused: trainer.pt holds an object" in msg
+    assert "(io.open)" in msg and "\n" not in msg and not marker.exists()
+    step, parts = checkpoint.load(path, only=("run",))  # the plain parts still read
+    assert step == 3 and parts == {"run": {"step": 3}}
