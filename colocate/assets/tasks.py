@@ -6,7 +6,8 @@ files (.jsonl with a "prompt" field), the dispatch over those by a `data.source`
 and two rule rewards: VADER's compound score and a reasoning-gym task's own scorer.
 
 `chat_prompt_ids` is the one place a prompt becomes chat-formatted token ids, so the
-actor and the distilled reward model see the same tokens.
+actor and the distilled reward model see the same tokens; `text_ids` tokenizes text from
+outside (prompts, tool output) so that a special token's string in it stays characters.
 
 Left out: reward models (trainer/reward_distill builds the
 default one, the engine scores with it), and any torch or SGLang code.
@@ -115,10 +116,49 @@ def load_prompt_source(spec: str, n: int | None = None, seed: int = 0) -> list[P
 
 
 def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """`text` as a single user turn in the tokenizer's chat template, ready for the assistant's answer."""
+    """`text` as a single user turn in the tokenizer's chat template, ready for the assistant's
+    answer. Text stays text: a prompt holding a special token's string (``<|im_start|>``…, from
+    a dataset no one checked) gets its characters' tokens, not the control token; the
+    template's own control tokens are exact (:func:`text_ids`)."""
+    if holds_special(tokenizer, text):
+        before, after = _user_frame(tokenizer)
+        return plain_ids(tokenizer, before) + text_ids(tokenizer, text) + plain_ids(tokenizer, after)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     return [int(t) for t in ids]
+
+
+_CONTENT = "\x1eCONTENT\x1e"  # a sentinel no template alters
+
+
+def _user_frame(tokenizer: Any) -> tuple[str, str]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _CONTENT}], add_generation_prompt=True,
+                                         tokenize=False)
+    before, _, after = text.partition(_CONTENT)
+    return before, after
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The strings the tokenizer turns into its added (control) tokens."""
+    return [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.content]
+
+
+def holds_special(tokenizer: Any, text: str) -> bool:
+    return any(s in text for s in special_strings(tokenizer))
+
+
+def plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as the template wrote it: its control tokens' strings are control tokens."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` from outside (a tool's output, a dataset's prompt) as data: a special token's
+    string in it is tokenized as its characters (``split_special_tokens``), so it can forge
+    no turn; decoding the ids gives ``text`` back."""
+    if not text:
+        return []
+    return [int(t) for t in tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
 
 
 def _shuffled_head(items: list, n: int | None, seed: int) -> list:

@@ -6,7 +6,9 @@ assistant turn (``<|im_end|>\\n<|im_start|>tool\\n{text}<|im_end|>\\n<|im_start|
 in ChatML), rendered once per role and tokenized once per answer, then appended after the
 model's own tokens — token in, token out: the model's tokens are never decoded and
 re-encoded, so the trained tokens are exactly the ones the engine saw (a model turn cut
-by ``rollout.turn_tokens`` gets the end-of-turn token prepended to close it);
+by ``rollout.turn_tokens`` gets the end-of-turn token prepended to close it); the
+observation's text is data: a special token's string in it is tokenized as characters, so
+a tool's output cannot forge a turn (``colocate.assets.tasks.text_ids``);
 :class:`EnvTurns` — an :class:`~colocate.rollout.env.Environment` as the engine's
 :class:`~colocate.engine.rollout.MultiTurn`: the conversation so far rebuilt from the
 sample (the model's turns decoded for the environment to read, its own earlier answers as
@@ -29,6 +31,7 @@ import threading
 import time
 from typing import Any, Awaitable, Literal, Sequence
 
+from colocate.assets.tasks import holds_special, plain_ids, text_ids
 from colocate.engine.rollout import MultiTurn, Sample, TurnReply
 from colocate.errors import ColocateError
 from colocate.rollout.env import Environment, Observation
@@ -109,6 +112,8 @@ class ObservationTemplate:
             own = self.tokenizer.decode([int(model_ids[-1])])
             if own and before.startswith(own):
                 before = before[len(own):]
+        if holds_special(self.tokenizer, text):  # tool output is data: it forges no turn (text_ids)
+            return plain_ids(self.tokenizer, before) + text_ids(self.tokenizer, text) + plain_ids(self.tokenizer, after)
         return list(self.tokenizer(before + text + after, add_special_tokens=False)["input_ids"])
 
 
