@@ -132,8 +132,10 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
           callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False,
           engines: EnginePool | None = None, env: Environment | None = None) -> Summary:
-    """Run PPO as configured. ``reward_fns(record, text)`` (sync or async) add to the reward
-    model's score (or replace it with ``reward.kind=rule``); ``callbacks`` get each step's
+    """Run PPO as configured. ``reward_fns(record, text)`` (sync or async; ``text``: the
+    model's own turns; a ``messages`` parameter gets the trajectory as chat messages;
+    ``colocate.rollout.reward_fns``) add to the reward model's score (or replace it with
+    ``reward.kind=rule``); ``callbacks`` get each step's
     metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
     keep that run's models and data (``colocate.run.resume.FIXED``;
     ``colocate.run.resume.load_run_config`` gives the run's own config). ``engines``: an

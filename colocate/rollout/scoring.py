@@ -2,8 +2,9 @@
 where it is summed and scaled.
 
 Owns: :class:`Scorer` — reward = (reward model's score + each reward function's value on
-the decoded response and the prompt record + the environment's rewards of a multi-turn
-trajectory) × ``reward.scale``. The model's score comes
+the model's text and the prompt record + the environment's rewards of a multi-turn
+trajectory) × ``reward.scale``; the model's text is the response, or a trajectory's model
+turns only (:func:`model_text`). The model's score comes
 from wherever the step got it: streamed chunk by chunk through the feeder (then handed
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
@@ -16,22 +17,33 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 from typing import Any, Awaitable, Callable, Sequence
 
 from colocate.engine import reward as rm
 from colocate.engine.rollout import Sample
-from colocate.rollout.reward_fns import RewardFn
+from colocate.rollout import reward_fns
+from colocate.rollout.reward_fns import Guarded, RewardFn
+from colocate.rollout.turns import history
 
 # (step id, [(prompt ids, response ids)], [sample indices]) -> the reward model's scores
 WholeScores = Callable[[int, Sequence[tuple[Sequence[int], Sequence[int]]], Sequence[int]], Awaitable[list[float]]]
 
 
-async def call_reward_fn(fn: RewardFn, record: dict[str, Any], text: str) -> float:
-    value = fn(record, text)
-    if inspect.isawaitable(value):
-        value = await value
-    return float(value)
+def model_text(sample: Sample, decode: Callable[[list[int]], str]) -> str:
+    """What reward functions score: the response, or a trajectory's model turns joined by a
+    newline (the environment's answers left out: ``colocate.rollout.reward_fns``)."""
+    if not sample.loss_mask:
+        return decode(sample.output_ids)
+    return "\n".join(m["content"] for m in history(sample, decode) if m["role"] == "assistant")
+
+
+async def call_reward_fn(fn: RewardFn, sample: Sample, text: str, decode) -> float:
+    """``fn``'s value on ``sample``: a :class:`Guarded` function applies ``reward.on_error``
+    and names the sample; a bare one (tests, the API's own wrappers) is taken as a float."""
+    messages = lambda: history(sample, decode)  # noqa: E731 - built only for a function that asks
+    if isinstance(fn, Guarded):
+        return await fn(sample.record, text, messages, sample.index)
+    return float(await reward_fns.call(fn, sample.record, text, messages, reward_fns.wants_messages(fn)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +69,9 @@ class Scorer:
         multi-turn trajectory's environment rewards."""
         total = model_score + sample.env_reward
         if self.fns:
-            text = self.decode(sample.output_ids)
+            text = model_text(sample, self.decode)
             for fn in self.fns:
-                total += await call_reward_fn(fn, sample.record, text)
+                total += await call_reward_fn(fn, sample, text, self.decode)
         return total * self.scale
 
     async def __call__(self, sample: Sample, streamed: float | None, tag: str, step: int) -> float:

@@ -89,11 +89,16 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
                  "data.eval_prompts=3", "run.eval_every=1")
     held = [p.meta["id"] for p in load_prompt_source(str(source), None, cfg.data.seed)[-3:]]
 
-    def count(record, text):  # NaN for one held-out prompt: counted, left out of the mean
+    # a non-finite score for one held-out prompt: counted, left out of the mean. Each value is
+    # finite (a function's NaN or inf is reward.on_error's), their sum is not
+    def count(record, text):
         seen[record["id"]] += 1
-        return float("nan") if record["id"] == held[0] else 0.0
+        return 1e308 if record["id"] == held[0] else 0.0
 
-    summary = api.train(cfg, reward_fns=[count], quiet=True, engines=engine_pool)
+    def huge(record, text):
+        return 1e308 if record["id"] == held[0] else 0.0
+
+    summary = api.train(cfg, reward_fns=[count, huge], quiet=True, engines=engine_pool)
     # evaluated after 0, 1 and 2 steps: each held-out prompt scored 3 times, by greedy decoding
     assert [e["step"] for e in summary.evals] == [0, 1, 2]
     assert all(e["prompts"] == len(e["scores"]) == 3 and e["weight_version"] == e["step"] for e in summary.evals)

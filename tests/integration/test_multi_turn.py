@@ -156,11 +156,27 @@ class _Async:
         return Observation("never")
 
 
+class _Answers:
+    """Answers every turn with ``obs`` (an Observation that is not one a rollout may take)."""
+
+    instruction = ""
+
+    def __init__(self, name: str, obs: Observation):
+        self.name, self.obs = name, obs
+
+    def step(self, record, history):
+        return self.obs
+
+
 @pytest.mark.parametrize("env,cause", [
     (ScriptedEnv(fail_at=1), "raised RuntimeError: scripted failure at turn 1"),
     (ScriptedEnv(garbage_at=0), "returned int '42', not an Observation"),
     (ScriptedEnv(hang_at=0), "did not answer within 0.5 s"),
     (_Async(), "did not answer within 0.5 s"),
+    (_Answers("bytes-tool", Observation(b"42")), "text/role is not a string"),  # type: ignore[arg-type]
+    (_Answers("nan-tool", Observation("4", reward=float("nan"))), "non-finite or non-numeric reward nan"),
+    (_Answers("inf-tool", Observation("4", reward=float("-inf"))), "non-finite or non-numeric reward -inf"),
+    (_Answers("str-reward-tool", Observation("4", reward="1")), "non-finite or non-numeric reward '1'"),  # type: ignore[arg-type]
 ])
 def test_an_environment_failure_is_one_line_naming_it_and_the_turn(actor_engine, tokenizer, env, cause):
     s = Sample(2, list(prompt(tokenizer)), 96)

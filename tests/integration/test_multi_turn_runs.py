@@ -13,6 +13,7 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
+from colocate.rollout.env import Observation
 from colocate.rollout.scripted_env import ScriptedEnv
 from colocate.rollout.turns import EnvError
 from colocate.run import checkpoint
@@ -119,3 +120,41 @@ def test_killed_multi_turn_run_resumes_alone_and_loses_no_trajectory(models, run
     trained = sum(r["trained_samples"] for r in records)
     assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == rank["data_pos"]
     assert all("rollout/turns" in r for r in records) and max(r["rollout/turns"] for r in records) > 1
+
+
+class _LeaksTheAnswer:
+    """A tool whose first answer holds the prompt's correct ``<answer>``, then ends."""
+
+    name, instruction = "leaky-tool", ""
+
+    async def step(self, record, history):
+        if sum(m["role"] == "assistant" for m in history) > 1:
+            return Observation(done=True)
+        return Observation(f"<answer>{record['answer']}</answer>", role="tool")
+
+
+def test_a_tool_output_holding_the_answer_earns_the_model_nothing(models, run_overrides, tmp_path, engine_pool):
+    from colocate.assets import tasks
+
+    seen = []
+
+    def sees(record, text, messages):  # asks for the trajectory: gets it beside the model's text
+        seen.append((record, text, messages))
+        return 0.0
+
+    cfg = load_config(overrides=run_overrides(models, tmp_path / "leak", "run.steps=1", "run.eval_every=0",
+                                              "ppo.epochs=1", "data.source=reasoning-gym:basic_arithmetic",
+                                              "reward.kind=rule", "reward.rule=reasoning-gym", *TRAJECTORY))
+    summary = api.train(cfg, quiet=True, engines=engine_pool, env=_LeaksTheAnswer(), reward_fns=[sees])
+    [h] = summary.history
+    assert h["trained_samples"] == 4 and h["rollout/tool_calls"] > 0
+    rule = tasks.reasoning_gym_reward("basic_arithmetic")
+    leaked = 0
+    for record, text, messages in seen:
+        answer = f"<answer>{record['answer']}</answer>"
+        assert answer not in text and text == "\n".join(m["content"] for m in messages if m["role"] == "assistant")
+        if any(m == {"role": "tool", "content": answer} for m in messages):
+            leaked += 1
+            whole = "".join(m["content"] for m in messages)
+            assert rule(record, whole) == 1.0  # scored over the trajectory, the tool's answer would count
+    assert leaked == 4 and h["reward_mean"] == 0.0  # the random model's own text answers nothing

@@ -110,14 +110,16 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, t
 
 def test_non_finite_reward_skips_the_update(models, overrides, tmp_path, engine_pool):
     # no held-out evaluation: the first reward calls must be the first training batch's
+    # each function's value is finite (a NaN or inf from a function is reward.on_error's:
+    # test_reward_fn_errors), but their sum overflows: the loop's own guard must hold
     cfg = load_config(overrides=overrides(models, tmp_path / "nan", "run.steps=2", "run.eval_every=0"))
     calls = []
 
-    def sometimes_nan(record, text):
+    def sometimes_huge(record, text):
         calls.append(1)
-        return float("nan") if len(calls) <= 4 else 0.0  # the whole first batch is poisoned
+        return 1e308 if len(calls) <= 8 else 0.0  # the whole first batch is poisoned: 2 x 1e308 = inf
 
-    summary = api.train(cfg, reward_fns=[sometimes_nan], quiet=True, engines=engine_pool)
+    summary = api.train(cfg, reward_fns=[sometimes_huge, sometimes_huge], quiet=True, engines=engine_pool)
     first, second = summary.history
     assert first["skipped"].startswith("non-finite reward") and first["trained_samples"] == 0
     assert first["weight_version"] == 0  # nothing was trained or synced

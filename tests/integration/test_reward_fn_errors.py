@@ -5,6 +5,7 @@ the failures are counted in metrics.jsonl."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -50,3 +51,44 @@ def test_on_error_zero_continues_and_counts(tmp_path, tiny_pair, run_overrides, 
     assert summary.steps == 2
     counts = [h["reward/fn_errors"] for h in summary.history]
     assert counts == [2, 4]  # calls 3 and 4 of step 1, all 4 of step 2
+
+
+class ReturnsNoNumber:
+    """Finite values for its first ``n - 1`` calls, then NaN, inf, a string, None in turn."""
+
+    BAD = (float("nan"), float("inf"), "0.5", None)
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def __call__(self, record, text):
+        self.calls += 1
+        return 0.1 if self.calls < self.n else self.BAD[(self.calls - self.n) % len(self.BAD)]
+
+
+@pytest.mark.slow
+def test_a_nan_from_a_function_fails_the_step_in_one_line_naming_the_sample(tmp_path, tiny_pair, run_overrides,
+                                                                           engine_pool):
+    models = tiny_pair("fnerr-sequential", 5, 6)
+    cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=2", "run.save_every=1",
+                                              "run.eval_every=0", "rollout.max_new_tokens=6"))
+    with pytest.raises(RewardFnError) as info:
+        api.train(cfg, reward_fns=[ReturnsNoNumber(5)], quiet=True, engines=engine_pool)
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith("reward function ReturnsNoNumber returned nan (not finite) (sample ")
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1] and (tmp_path / "run" / "checkpoints" / "step_00000001").is_dir()
+
+
+@pytest.mark.slow
+def test_on_error_zero_scores_non_numbers_zero_and_trains_on_finite_advantages(tmp_path, tiny_pair, run_overrides,
+                                                                              engine_pool):
+    models = tiny_pair("fnerr-zero", 5, 6)
+    cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=1", "run.eval_every=0",
+                                              "rollout.max_new_tokens=6", "reward.on_error=zero"))
+    summary = api.train(cfg, reward_fns=[ReturnsNoNumber(1)], quiet=True, engines=engine_pool)
+    [h] = summary.history
+    assert h["trained_samples"] == 4 and h["reward/fn_errors"] == 4  # nan, inf, '0.5', None: each counted
+    for key in ("reward_mean", "actor/policy_loss", "critic/value_loss", "kl"):
+        assert math.isfinite(h[key]), key

@@ -38,3 +38,65 @@ def test_working_functions_sync_and_async_are_unchanged():
     assert asyncio.run(guarded(good, "raise", errors)({}, "abcd")) == 4.0
     assert asyncio.run(guarded(lambda r, t: 0.5, "zero", errors)({}, "")) == 0.5
     assert errors.count == 0
+
+
+class _Tensorish:
+    """A one-element array-like (numpy / torch scalars): has ``__float__``."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __float__(self):
+        return float(self.x)
+
+
+@pytest.mark.parametrize("value,why", [
+    (float("nan"), "returned nan (not finite)"),
+    (float("inf"), "returned inf (not finite)"),
+    (-float("inf"), "returned -inf (not finite)"),
+    ("1.0", "returned str '1.0', not a number"),
+    (None, "returned NoneType 'None', not a number"),
+    ([1.0], "returned list '[1.0]', not a number"),
+    (_Tensorish(float("nan")), "returned nan (not finite)"),
+])
+def test_a_value_that_is_no_finite_number_fails_in_one_line_naming_function_and_sample(value, why):
+    def returns(record, text):
+        return value
+
+    errors = RewardFnErrors()
+    with pytest.raises(RewardFnError) as e:
+        asyncio.run(guarded(returns, "raise", errors)({}, "x", sample=17))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"reward function {returns.__qualname__} {why} (sample 17); ")
+    assert "reward.on_error=zero" in msg
+    zero = guarded(returns, "zero", errors)
+    assert asyncio.run(zero({}, "x", sample=3)) == 0.0
+    assert errors.take() == 1 and errors.last.endswith("(sample 3)")
+
+
+def test_numbers_of_other_types_are_taken():
+    errors = RewardFnErrors()
+    for value, want in ((3, 3.0), (True, 1.0), (_Tensorish(0.25), 0.25), (-1e300, -1e300)):
+        assert asyncio.run(guarded(lambda r, t, v=value: v, "raise", errors)({}, "")) == want
+    assert errors.count == 0
+
+
+def test_messages_reach_only_a_function_that_asks_and_are_built_only_then():
+    built = []
+
+    def messages():
+        built.append(1)
+        return [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}]
+
+    def asks(record, text, messages):
+        return len(messages)
+
+    def asks_by_kwargs(record, text, **kw):
+        return 10 * len(kw["messages"])
+
+    errors = RewardFnErrors()
+    assert asyncio.run(guarded(good, "raise", errors)({}, "abc", messages)) == 3.0
+    assert built == []  # nobody asked: never built
+    assert asyncio.run(guarded(asks, "raise", errors)({}, "abc", messages)) == 2.0
+    assert asyncio.run(guarded(asks_by_kwargs, "raise", errors)({}, "abc", messages)) == 20.0
+    assert built == [1, 1]

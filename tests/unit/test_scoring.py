@@ -92,3 +92,51 @@ def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
         rollouts.load_state_dict({**saved, **flag})
         assert [s.score for s in rollouts.scheduler.deferred] == [want, None]
         rollouts.close()
+
+
+def _chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def _decode(ids) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def _trajectory(record: dict, turns: list[str], tool: str) -> Sample:
+    """Model turns with the tool's answer ``tool`` after each but the last."""
+    s = _sample(0, [], record)
+    for k, turn in enumerate(turns):
+        s.output_ids += _chars(turn)
+        s.logprobs += [-0.5] * len(turn)
+        s.versions += [0] * len(turn)
+        if s.loss_mask:
+            s.loss_mask += [1] * len(turn)
+        if k < len(turns) - 1:
+            s.append_observation(_chars(tool), {"role": "tool", "content": tool}, 0)
+    return s
+
+
+def test_functions_score_the_model_turns_only_and_get_the_trajectory_when_they_ask():
+    from colocate.assets import tasks
+
+    record = tasks.load_prompt_source("reasoning-gym:basic_arithmetic", 1, 0)[0].meta
+    leak = f"<answer>{record['answer']}</answer>"
+    s = _trajectory(record, ["let me use the tool", "I do not know"], leak)
+    rule = tasks.reasoning_gym_reward("basic_arithmetic")
+    assert rule(record, _decode(s.output_ids)) == 1.0  # the whole trajectory would credit the tool's answer
+    seen = []
+
+    def sees(record, text, messages):
+        seen.append((text, messages))
+        return 0.0
+
+    scorer = Scorer(fns=(rule, sees), decode=_decode)
+    assert _run(scorer.reward(s, 0.0)) == 0.0
+    [(text, messages)] = seen
+    assert text == "let me use the tool\nI do not know" and leak not in text
+    assert messages == [{"role": "assistant", "content": "let me use the tool"},
+                        {"role": "tool", "content": leak},
+                        {"role": "assistant", "content": "I do not know"}]
+    # the model's own final answer is what the rule scores
+    right = _trajectory(record, ["let me use the tool", f"so: <answer>{record['answer']}</answer>"], "no idea")
+    assert _run(Scorer(fns=(rule,), decode=_decode).reward(right, 0.0)) == 1.0
