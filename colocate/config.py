@@ -38,10 +38,15 @@ class ModelsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str = "sentiment-prompts"  # sentiment-prompts | reasoning-gym:<task> | file.jsonl
+    # sentiment-prompts | reasoning-gym:<task> | a dataset: hf:<name>[:<config>] (the Hub, through
+    # the datasets library), a save_to_disk folder, or a .jsonl/.json/.parquet/.csv file
+    source: str = "sentiment-prompts"
     max_prompt_tokens: int = 96
     seed: int = 0
     eval_prompts: int = 16  # the last N of the shuffled source, never trained on (0: none)
+    split: str = "train"  # a dataset's split (hf:, a save_to_disk DatasetDict)
+    prompt_key: str = "prompt"  # a dataset's column holding the prompt: text, or chat messages [{role, content}, ...]
+    answer_key: str = ""  # a dataset's column also handed to reward functions as record["answer"] ("": none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +71,41 @@ class RolloutConfig:
     env_timeout_s: float = 30.0  # one environment call
 
 
+RULES = ("vader", "reasoning-gym", "math")  # reward.rule's names (colocate.rollout.named_rewards)
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
+    """The reward: the reward model's score (``kind=model``; ``rule``: none) plus every named
+    rule and function, times ``scale``. ``rule`` and ``fns`` are comma lists (a YAML list
+    is joined into one)."""
+
     kind: Literal["model", "rule"] = "model"
-    rule: str | None = None  # kind=rule: "vader" (sentiment) or "reasoning-gym" (the task's scorer)
+    # rules summed into the reward: vader (sentiment), reasoning-gym (the task's scorer), math
+    rule: str | list[str] | None = None
+    # reward functions by name: package.module:fn or path/file.py:fn, as api.train's reward_fns
+    fns: str | list[str] = ""
     scale: float = 1.0
     # a Python/rule reward function that raises: fail the step (raise) or score 0.0 and count it (zero)
     on_error: Literal["raise", "zero"] = "raise"
+
+    def __post_init__(self):
+        for name in ("rule", "fns"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                object.__setattr__(self, name, ",".join(v.strip() for v in value))
+            elif value is not None and not isinstance(value, str):
+                raise ConfigError(f"reward.{name}: expected a comma list or a list of names, got {value!r}")
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """``rule``'s names, in order."""
+        return tuple(x.strip() for x in (self.rule or "").split(",") if x.strip())
+
+    @property
+    def fn_names(self) -> tuple[str, ...]:
+        """``fns``'s entries, in order."""
+        return tuple(x.strip() for x in self.fns.split(",") if x.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,7 +419,9 @@ def validate(cfg: Config) -> None:
         (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
         (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
         (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
-        (cfg.reward.kind != "rule" or cfg.reward.rule, "reward.rule must be set when reward.kind=rule"),
+        (cfg.reward.kind != "rule" or cfg.reward.rules or cfg.reward.fn_names,
+         f"reward.kind=rule (no reward model) needs reward.rule (a comma list of {', '.join(RULES)}) "
+         "or reward.fns (package.module:fn)"),
         (cfg.overlap.mode != "auto" or (cfg.overlap.modes and set(cfg.overlap.modes) <= set(MODES)),
          f"overlap.auto_modes: {cfg.overlap.auto_modes!r} must be a comma list of {', '.join(MODES)}"),
         (cfg.overlap.auto_trials >= 1 and cfg.overlap.auto_explore_every >= 1 and 0 <= cfg.overlap.auto_margin < 1,
@@ -415,6 +450,8 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    _check_data(cfg.data)
+    _check_rules(cfg.reward)
     from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
 
     LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
@@ -423,6 +460,30 @@ def validate(cfg: Config) -> None:
     check_own_server_args(cfg.engines.sglang)
     if cfg.run.fault_at:
         parse(cfg.run.fault_at)  # one line naming run.fault_at
+
+
+def _check_data(data: DataConfig) -> None:
+    """The dataset fields: set, and only for a dataset source (the built-in ones have no columns)."""
+    for name in ("source", "split", "prompt_key"):
+        if not getattr(data, name).strip():
+            raise ConfigError(f"data.{name} must not be empty (default: {getattr(DataConfig, name)!r})")
+    if data.source == "sentiment-prompts" or data.source.startswith("reasoning-gym:"):
+        for name in ("split", "prompt_key", "answer_key"):
+            if getattr(data, name) != getattr(DataConfig, name):
+                raise ConfigError(f"data.{name} applies to a dataset (hf:<name>, a folder or a .jsonl/.json/.parquet/"
+                                  f".csv file), not to data.source={data.source}; leave it unset")
+
+
+def _check_rules(reward: RewardConfig) -> None:
+    """``reward.rule``: known names, each once."""
+    for i, name in enumerate(reward.rules):
+        if name not in RULES:
+            close = difflib.get_close_matches(name, RULES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"reward.rule: unknown rule {name!r}; {hint}the rules: {', '.join(RULES)} "
+                              "(a comma list; their scores are summed)")
+        if name in reward.rules[:i]:
+            raise ConfigError(f"reward.rule: {name!r} is named twice")
 
 
 def _safe_candidates(text: str) -> list[int]:

@@ -1,13 +1,17 @@
 """Where prompts come from and the rule rewards that judge their responses (plain Python).
 
 Owns: the packaged "sentiment-prompts" set (the default task of `colocate train`: make
-responses more positive), prompts and exact scorers from `reasoning-gym`, user prompt
-files (.jsonl with a "prompt" field), the dispatch over those by a `data.source` string,
-and two rule rewards: VADER's compound score and a reasoning-gym task's own scorer.
+responses more positive), prompts and exact scorers from `reasoning-gym`, users' datasets
+(a .jsonl file, or through the `datasets` library a Hub dataset `hf:<name>[:<config>]`, a
+`save_to_disk` folder or a .parquet/.json/.csv file: the `data.prompt_key` column holds
+text or chat messages, the whole row is the record), the dispatch over those by a
+`data.source` string, and two rule rewards: VADER's compound score and a reasoning-gym
+task's own scorer.
 
-`chat_prompt_ids` is the one place a prompt becomes chat-formatted token ids, so the
-actor and the distilled reward model see the same tokens; `text_ids` tokenizes text from
-outside (prompts, tool output) so that a special token's string in it stays characters.
+`chat_prompt_ids` is the one place a prompt (a text, or chat messages) becomes
+chat-formatted token ids, so the actor and the distilled reward model see the same
+tokens; `text_ids` tokenizes text from outside (prompts, tool output) so that a special
+token's string in it stays characters.
 
 Left out: reward models (trainer/reward_distill builds the
 default one, the engine scores with it), and any torch or SGLang code.
@@ -18,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,8 @@ from colocate.errors import ConfigError
 FIELD = "data.source"
 SENTIMENT_SOURCE = "sentiment-prompts"
 REASONING_GYM_PREFIX = "reasoning-gym:"
+HF_PREFIX = "hf:"
+DATASET_FILES = {".parquet": "parquet", ".json": "json", ".csv": "csv"}  # suffix -> datasets' loader (.jsonl: ours)
 SENTIMENT_DATA = "data/sentiment_prompts.json"
 REASONING_GYM_DEFAULT_SIZE = 1000
 ANSWER_INSTRUCTION = "Give only the final answer, between <answer> and </answer>."
@@ -38,12 +45,39 @@ EXAMPLE_TASKS = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "leg_counting"
 RewardFn = Callable[[Mapping[str, Any], str], float]  # (prompt meta, response text) -> reward
 
 
+Messages = tuple[Mapping[str, str], ...]  # chat messages: {"role", "content"} each
+_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")  # a role is a name: it can carry no template text
+
+
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-    """One user request. `meta` is what its rule reward needs (a reasoning-gym entry, a jsonl record)."""
+    """One user request. `meta` is what its rule reward needs (a reasoning-gym entry, a dataset's
+    row). `messages`, when set (a dataset's chat messages, a system turn too), is what is
+    chat-formatted; `text` is then its last user turn's content, for display."""
 
     text: str
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    messages: Messages = ()
+
+    @property
+    def chat(self) -> str | Messages:
+        """What `chat_prompt_ids` formats: the messages, else the text as one user turn."""
+        return self.messages or self.text
+
+    def with_instruction(self, instruction: str) -> Prompt:
+        """This prompt with `instruction` after its text (after the last user turn's content)."""
+        if not self.messages:
+            return dataclasses.replace(self, text=f"{self.text}\n\n{instruction}")
+        at = _last_user(self.messages)
+        last = self.messages[at]
+        content = f"{last['content']}\n\n{instruction}"
+        messages = (*self.messages[:at], {**last, "content": content}, *self.messages[at + 1:])
+        return dataclasses.replace(self, text=content if last["role"] == "user" else self.text, messages=messages)
+
+
+def _last_user(messages: Messages) -> int:
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    return users[-1] if users else len(messages) - 1
 
 
 # ---------------------------------------------------------------- sources
@@ -71,8 +105,10 @@ def reasoning_gym_prompts(task: str, n: int | None = None, seed: int = 0) -> lis
     return [Prompt(f"{entry['question']}\n\n{ANSWER_INSTRUCTION}", dict(entry)) for entry in dataset]
 
 
-def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0) -> list[Prompt]:
-    """Prompts from a .jsonl file, one JSON object per line with a string "prompt"; meta is the record."""
+def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0, *, prompt_key: str = "prompt",
+                  answer_key: str = "") -> list[Prompt]:
+    """Prompts from a .jsonl file, one JSON object per line whose `prompt_key` holds text or chat
+    messages; meta is the record (with `answer_key`'s value also under "answer")."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -85,17 +121,121 @@ def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0) -> list
             record = json.loads(line)
         except ValueError:
             raise ConfigError(f"{FIELD}: {path} line {number} is not valid JSON") from None
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ConfigError(f'{FIELD}: {path} line {number} has no string "prompt" field')
-        prompts.append(Prompt(record["prompt"], record))
+        if not isinstance(record, dict) or prompt_key not in record:
+            raise ConfigError(f'{FIELD}: {path} line {number} has no "{prompt_key}" field (data.prompt_key)')
+        prompts.append(_row_prompt(record, f"line {number} of {path}", prompt_key, answer_key))
     return _shuffled_head(prompts, n, seed)
 
 
-def load_prompt_source(spec: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
+def dataset_prompts(spec: str, n: int | None = None, seed: int = 0, *, split: str = "train",
+                    prompt_key: str = "prompt", answer_key: str = "") -> list[Prompt]:
+    """Prompts from a dataset the `datasets` library loads: `hf:<name>[:<config>]` (the Hub or
+    its cache; `split`), a `save_to_disk` folder (a DatasetDict: its `split`), a folder of
+    data files, or a .parquet/.json/.csv file. Each row's `prompt_key` column holds text or
+    chat messages; meta is the row (with `answer_key`'s value also under "answer")."""
+    table = _dataset(spec, split)
+    columns = list(table.column_names)
+    for key, field in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+        if key and key not in columns:
+            raise ConfigError(f"{field} {key!r} is not a column of {spec}; its columns: {', '.join(columns)}")
+    rows = table.to_list()
+    prompts = [_row_prompt(row, f"row {i} of {spec}", prompt_key, answer_key) for i, row in enumerate(rows)]
+    return _shuffled_head(prompts, n, seed)
+
+
+def _dataset(spec: str, split: str) -> Any:  # a datasets.Dataset
+    try:  # only for these sources
+        import datasets
+    except ImportError:
+        raise ConfigError(f"{FIELD}: {spec!r} needs the datasets package: pip install datasets") from None
+    if spec.startswith(HF_PREFIX):
+        name, _, config = spec.removeprefix(HF_PREFIX).partition(":")
+        if not name:
+            raise ConfigError(f"{FIELD}: {spec!r} names no dataset; use hf:<name>[:<config>] (hf:openai/gsm8k:main)")
+        hint = ("; offline? have it in the Hugging Face cache (with HF_HUB_OFFLINE=1), or give a save_to_disk "
+                "folder or a data file")
+        return _loaded(spec, lambda: datasets.load_dataset(name, config or None, split=split), hint)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+            return _loaded(spec, lambda: datasets.load_dataset(str(path), split=split))  # data files (a Hub clone)
+        saved = _loaded(spec, lambda: datasets.load_from_disk(str(path)))
+        if isinstance(saved, datasets.DatasetDict):
+            if split not in saved:
+                raise ConfigError(f"data.split {split!r} is not a split of {spec}; its splits: {', '.join(saved)}")
+            return saved[split]
+        one = saved
+    elif path.suffix.lower() in DATASET_FILES:
+        if not path.is_file():
+            raise ConfigError(f"{FIELD}: no such file {spec}")
+        one = _loaded(spec, lambda: datasets.load_dataset(DATASET_FILES[path.suffix.lower()], data_files=str(path),
+                                                          split="train"))
+    else:
+        raise ConfigError(f"{FIELD}: no such folder {spec}")
+    if split != "train":
+        raise ConfigError(f"data.split {split!r}: {spec} holds one table, not splits; leave data.split unset")
+    return one
+
+
+def _loaded(spec: str, load: Callable[[], Any], hint: str = "") -> Any:
+    """`load()`, whose failure (datasets raises many kinds: ConnectionError offline, a missing
+    config or split, a malformed file) is one line naming `data.source`."""
+    try:
+        return load()
+    except Exception as exc:  # noqa: BLE001 - any failure deep inside datasets becomes one line
+        lines = str(exc).strip().splitlines()
+        why = lines[0][:300] if lines else type(exc).__name__
+        raise ConfigError(f"{FIELD}: cannot load {spec}: {why}{hint}") from None
+
+
+def _row_prompt(row: Mapping[str, Any], where: str, prompt_key: str, answer_key: str) -> Prompt:
+    """The prompt of one row (`where`: "row 7 of <source>"): its `prompt_key` text or chat messages."""
+    value, messages = row.get(prompt_key), ()
+    if isinstance(value, (list, tuple)):
+        messages = _messages(value, where, prompt_key)
+        value = messages[_last_user(messages)]["content"]
+    elif not isinstance(value, str):
+        raise ConfigError(f"data: {where}: {prompt_key!r} (data.prompt_key) is {_a(value)}, not text or chat messages")
+    if not value.strip():
+        raise ConfigError(f"data: {where}: {prompt_key!r} (data.prompt_key) is empty")
+    meta = dict(row)
+    if answer_key:
+        if row.get(answer_key) is None:
+            raise ConfigError(f"data: {where}: {answer_key!r} (data.answer_key) is missing")
+        meta["answer"] = row[answer_key]
+    return Prompt(value, meta, messages)
+
+
+def _messages(value: Sequence[Any], where: str, key: str) -> Messages:
+    """Chat messages: {"role": a name, "content": text} each (other keys dropped)."""
+    if not value:
+        raise ConfigError(f"data: {where}: {key!r} (data.prompt_key) is an empty list, not chat messages")
+    for i, m in enumerate(value):
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ConfigError(f"data: {where}: {key!r} (data.prompt_key) is a list but its item {i} is {_a(m)}, "
+                              'not a chat message {"role": ..., "content": ...} of text')
+        if not _ROLE.match(m["role"]):
+            raise ConfigError(f"data: {where}: {key!r} (data.prompt_key) message {i}'s role {m['role']!r} is not "
+                              "a role name (system, user, assistant, ...)")
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def _a(value: Any) -> str:
+    """How a row's value is named in an error: "null", "an int", "a dict", ..."""
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def load_prompt_source(spec: str, n: int | None = None, seed: int = 0, *, split: str = "train",
+                       prompt_key: str = "prompt", answer_key: str = "") -> list[Prompt]:
     """Prompts named by a `data.source` value.
 
-    "sentiment-prompts" | "reasoning-gym:<task>" | a path to a .jsonl file with a
-    "prompt" field. Anything else, or a source with no prompts, is a `ConfigError`.
+    "sentiment-prompts" | "reasoning-gym:<task>" | a .jsonl file | a dataset
+    (`dataset_prompts`: "hf:<name>[:<config>]", a folder, a .parquet/.json/.csv file); the
+    datasets' rows hold their prompt in `prompt_key` (`split`, `answer_key`: the `data.*`
+    fields). Anything else, or a source with no prompts, is a `ConfigError`.
     """
     if n is not None and n < 1:
         raise ConfigError(f"{FIELD}: asked for {n} prompts; ask for at least 1")
@@ -103,39 +243,50 @@ def load_prompt_source(spec: str, n: int | None = None, seed: int = 0) -> list[P
         prompts = [Prompt(text) for text in sentiment_prompts(n, seed)]
     elif spec.startswith(REASONING_GYM_PREFIX):
         prompts = reasoning_gym_prompts(spec.removeprefix(REASONING_GYM_PREFIX), n, seed)
-    elif spec.endswith(".jsonl"):
-        prompts = jsonl_prompts(spec, n, seed)
+    elif spec.lower().endswith(".jsonl"):
+        if split != "train":
+            raise ConfigError(f"data.split {split!r}: {spec} holds one table, not splits; leave data.split unset")
+        prompts = jsonl_prompts(spec, n, seed, prompt_key=prompt_key, answer_key=answer_key)
+    elif spec.startswith(HF_PREFIX) or Path(spec).expanduser().is_dir() or Path(spec).suffix.lower() in DATASET_FILES:
+        prompts = dataset_prompts(spec, n, seed, split=split, prompt_key=prompt_key, answer_key=answer_key)
     else:
         raise ConfigError(
             f"{FIELD}: unknown prompt source {spec!r}; use {SENTIMENT_SOURCE!r}, "
-            f"'{REASONING_GYM_PREFIX}<task>' (e.g. '{REASONING_GYM_PREFIX}chain_sum') or a .jsonl file"
+            f"'{REASONING_GYM_PREFIX}<task>' (e.g. '{REASONING_GYM_PREFIX}chain_sum'), '{HF_PREFIX}<name>[:<config>]' "
+            "(e.g. 'hf:openai/gsm8k:main'), a dataset folder or a .jsonl/.json/.parquet/.csv file"
         )
     if not prompts:
         raise ConfigError(f"{FIELD}: prompt source {spec!r} has no prompts")
     return prompts
 
 
-def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """`text` as a single user turn in the tokenizer's chat template, ready for the assistant's
-    answer. Text stays text: a prompt holding a special token's string (``<|im_start|>``…, from
-    a dataset no one checked) gets its characters' tokens, not the control token; the
-    template's own control tokens are exact (:func:`text_ids`)."""
-    if holds_special(tokenizer, text):
-        before, after = _user_frame(tokenizer)
-        return plain_ids(tokenizer, before) + text_ids(tokenizer, text) + plain_ids(tokenizer, after)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+def chat_prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> list[int]:
+    """`prompt` (a text as a single user turn, or chat messages, a system turn too) in the
+    tokenizer's chat template, ready for the assistant's answer. Text stays text: a content
+    holding a special token's string (``<|im_start|>``…, from a dataset no one checked) gets
+    its characters' tokens, not the control token; the template's own control tokens are
+    exact (:func:`text_ids`)."""
+    messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                else [{"role": m["role"], "content": m["content"]} for m in prompt])
+    if any(holds_special(tokenizer, m["content"]) for m in messages):
+        return _framed_ids(tokenizer, messages)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     return [int(t) for t in ids]
 
 
-_CONTENT = "\x1eCONTENT\x1e"  # a sentinel no template alters
+_CONTENT = "\x1eCONTENT{}\x1e"  # a sentinel no template alters, numbered by message
+_CONTENTS = re.compile("\x1eCONTENT(\\d+)\x1e")
 
 
-def _user_frame(tokenizer: Any) -> tuple[str, str]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _CONTENT}], add_generation_prompt=True,
-                                         tokenize=False)
-    before, _, after = text.partition(_CONTENT)
-    return before, after
+def _framed_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The template rendered around sentinels: its frame's text as control tokens, each content as data."""
+    marked = [{"role": m["role"], "content": _CONTENT.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    ids = []
+    for i, piece in enumerate(_CONTENTS.split(rendered)):  # frame, index, frame, index, ..., frame
+        ids += text_ids(tokenizer, messages[int(piece)]["content"]) if i % 2 else plain_ids(tokenizer, piece)
+    return ids
 
 
 def special_strings(tokenizer: Any) -> list[str]:

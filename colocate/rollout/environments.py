@@ -1,10 +1,11 @@
 """Choosing the environment of a multi-turn rollout by name (``rollout.env``).
 
 Owns: the built-in names (:data:`BUILTIN`: ``calculator``, ``scripted``), the
-``package.module:attr`` form for a user's environment (an instance, a class or a
-zero-argument factory; a dotted ``attr`` reaches into the module), the check that what
-it names implements the :class:`Environment` protocol (a str ``name``, a str
-``instruction``, a callable ``step``), and :func:`describe`, the one line that names the
+``package.module:attr`` (or ``path/file.py:attr``, loaded by ``colocate.rollout.by_name``)
+form for a user's environment (an instance, a class or a zero-argument factory; a dotted
+``attr`` reaches into the module), the check that what it names implements the
+:class:`Environment` protocol (a str ``name``, a str ``instruction``, a callable
+``step``), and :func:`describe`, the one line that names the
 environment in logs. Every failure is a one-line :class:`ConfigError` on ``rollout.env``
 naming the fix.
 
@@ -15,10 +16,10 @@ running them (``colocate.rollout.turns``).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from colocate.errors import ConfigError
+from colocate.rollout.by_name import first_line, load_attribute
 from colocate.rollout.calculator import CalculatorEnv
 from colocate.rollout.env import Environment
 from colocate.rollout.scripted_env import ScriptedEnv
@@ -26,7 +27,8 @@ from colocate.rollout.scripted_env import ScriptedEnv
 FIELD = "rollout.env"
 BUILTIN = ("calculator", "scripted")
 _FACTORIES: dict[str, Callable[[], Any]] = {"calculator": CalculatorEnv, "scripted": ScriptedEnv}
-_FORMS = f"one of {', '.join(BUILTIN)}, or package.module:attr (an environment, its class or a zero-argument factory)"
+_FORMS = (f"one of {', '.join(BUILTIN)}, or package.module:attr / path/file.py:attr "
+          "(an environment, its class or a zero-argument factory)")
 
 
 def load_environment(spec: str) -> Environment:
@@ -38,32 +40,14 @@ def load_environment(spec: str) -> Environment:
         return _FACTORIES[name]()
     if ":" not in name:
         raise ConfigError(f"{FIELD}: unknown environment {name!r}; use {_FORMS}")
-    module_name, _, attr = name.partition(":")
-    module_name, attr = module_name.strip(), attr.strip()
-    if not module_name or not attr:
-        raise ConfigError(f"{FIELD}: {name!r} is not package.module:attr; use {_FORMS}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
-        raise ConfigError(
-            f"{FIELD}={name}: cannot import module {module_name!r} ({_first_line(exc)}); "
-            "check the module path and that it imports on its own"
-        ) from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(
-                f"{FIELD}={name}: module {module_name!r} has no attribute {attr!r}; "
-                "name an environment, its class or a zero-argument factory defined there"
-            ) from None
+    obj = load_attribute(name, FIELD, "name an environment, its class or a zero-argument factory defined there")
+    attr = name.rpartition(":")[2].strip()
     if isinstance(obj, type) or (callable(obj) and not _is_environment(obj)):
         try:
             obj = obj()
         except Exception as exc:  # noqa: BLE001 - whatever the user's constructor raises
             raise ConfigError(
-                f"{FIELD}={name}: calling {attr}() failed ({_first_line(exc)}); "
+                f"{FIELD}={name}: calling {attr}() failed ({first_line(exc)}); "
                 "it must build the environment with no arguments"
             ) from None
     missing = _missing(obj)
@@ -97,8 +81,3 @@ def _missing(obj: Any) -> str:
     if not callable(getattr(obj, "step", None)):
         lacks.append("step method")
     return ", ".join(lacks)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -38,6 +38,7 @@ from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
 from colocate.run.preflight import check_contexts
 from colocate.run.prompt_stream import PromptStream
+from colocate.rollout.named_rewards import named_reward_fns
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.rollouts import Rollouts
 from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
@@ -203,10 +204,13 @@ def environment(cfg: Config, env: Environment | None) -> Environment | None:
 
 def _data(cfg: Config, tokenizer, instruction: str = ""):
     """(training prompts, held-out evaluation prompts), tokenized; an environment's
-    ``instruction`` (how to use its tool) follows each prompt's text."""
-    prompts = tasks.load_prompt_source(cfg.data.source, None, cfg.data.seed)
+    ``instruction`` (how to use its tool) follows each prompt's text (chat messages: the last
+    user turn's)."""
+    d = cfg.data
+    prompts = tasks.load_prompt_source(d.source, None, d.seed, split=d.split, prompt_key=d.prompt_key,
+                                       answer_key=d.answer_key)
     if instruction:
-        prompts = [dataclasses.replace(p, text=f"{p.text}\n\n{instruction}") for p in prompts]
+        prompts = [p.with_instruction(instruction) for p in prompts]
     held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
     train, held_out = split_held_out(prompts, held)
     return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens),
@@ -214,17 +218,8 @@ def _data(cfg: Config, tokenizer, instruction: str = ""):
 
 
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
-    fns = list(extra)
-    if cfg.reward.kind == "rule":
-        if cfg.reward.rule == "vader":
-            fns.append(tasks.sentiment_reward)
-        elif cfg.reward.rule == "reasoning-gym":
-            if not cfg.data.source.startswith("reasoning-gym:"):
-                raise ConfigError("reward.rule=reasoning-gym needs data.source=reasoning-gym:<task>")
-            fns.append(tasks.reasoning_gym_reward(cfg.data.source.split(":", 1)[1]))
-        else:
-            raise ConfigError(f"reward.rule: unknown rule '{cfg.reward.rule}'; use vader or reasoning-gym")
-    return fns
+    """The API's functions, then the rules and functions the config names (loaded here, once)."""
+    return [*extra, *named_reward_fns(cfg.reward, cfg.data.source)]
 
 
 def _quiet(message: str) -> None:

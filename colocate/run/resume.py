@@ -31,6 +31,7 @@ FIXED = (
     "models.actor", "models.critic", "models.dtype",  # the trained weights and optimizer state
     "models.reward",  # the rewards the critic has learnt to predict
     "data.source", "data.seed", "data.eval_prompts",  # the data position counts into this shuffled training split
+    "data.split", "data.prompt_key",  # ... of these rows and prompts
     "ppo.kl_kind",  # the saved KL controller state is of one kind
     "ppo.advantage",  # a critic is trained (gae) or none is saved (critic-free)
     "rollout.group_size",  # the data position counts groups; deferred groups have this size

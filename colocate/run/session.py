@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from colocate.run import checkpoint, rank_rollouts, weight_sync
@@ -58,11 +59,18 @@ class RunState:
 
 
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
-    """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items; prompts longer than
-    ``max_tokens`` are refused."""
+    """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
+    messages); prompts longer than ``max_tokens``, or messages the chat template refuses, are
+    refused in one line."""
     out = []
     for i, prompt in enumerate(prompts):
-        ids = chat_prompt_ids(tokenizer, prompt.text)
+        try:
+            ids = chat_prompt_ids(tokenizer, prompt.chat)
+        except TemplateError as exc:  # e.g. a template without a system turn, or strict user/assistant turns
+            roles = ", ".join(m["role"] for m in prompt.messages) or "user"
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"data: prompt {i} (roles {roles}): the actor's chat template refuses it ({why}); "
+                              "fix data.prompt_key's messages or use a model whose template takes them") from None
         if len(ids) > max_tokens:
             raise ConfigError(
                 f"data: prompt {i} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "

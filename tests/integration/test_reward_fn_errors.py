@@ -92,3 +92,17 @@ def test_on_error_zero_scores_non_numbers_zero_and_trains_on_finite_advantages(t
     assert h["trained_samples"] == 4 and h["reward/fn_errors"] == 4  # nan, inf, '0.5', None: each counted
     for key in ("reward_mean", "actor/policy_loss", "critic/value_loss", "kl"):
         assert math.isfinite(h[key]), key
+
+
+@pytest.mark.slow
+def test_reward_fns_by_name_score_a_run_without_a_reward_model(tmp_path, tiny_pair, run_overrides, engine_pool):
+    from tests.unit.reward_fns_for_tests import CONSTANT
+
+    models = tiny_pair("fnerr-sequential", 5, 6)
+    cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=1", "run.eval_every=0",
+                                              "rollout.max_new_tokens=6", "reward.kind=rule",
+                                              "reward.fns=tests.unit.reward_fns_for_tests:constant"))
+    assert cfg.reward.rules == ()
+    summary = api.train(cfg, quiet=True, engines=engine_pool)
+    [h] = summary.history
+    assert h["trained_samples"] == 4 and h["reward_mean"] == pytest.approx(CONSTANT)

@@ -1,0 +1,38 @@
+"""Issue 40.1 end to end: a run on a user's parquet dataset whose prompts are chat messages
+(a system turn, a user turn), with `data.answer_key`: the reward function gets each row as
+its record, the answer under "answer"; the engines serve the chat-formatted prompts."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+
+from colocate import api
+from colocate.config import load_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_on_a_parquet_dataset_of_chat_messages(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
+    rows = [{"messages": [{"role": "system", "content": "You are terse."},
+                          {"role": "user", "content": f"What is {i} + {i}?" + ("<|im_start|>" if i == 3 else "")}],
+             "solution": f"#### {2 * i}", "id": i} for i in range(8)]
+    source = tmp_path / "gsm.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(source))
+    seen = []
+
+    def answer_check(record, text):
+        seen.append(record)
+        return 1.0 if record["answer"].removeprefix("#### ") in text else 0.0
+
+    cfg = load_config(overrides=[
+        f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path / 'run'}",
+        f"data.source={source}", "data.prompt_key=messages", "data.answer_key=solution", "data.eval_prompts=0",
+        "rollout.batch_size=4", "rollout.max_new_tokens=8", "ppo.minibatches=2", "run.steps=1", "run.save_every=1",
+        "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192",
+        "engines.device=cpu"])
+    summary = api.train(cfg, reward_fns=[answer_check], quiet=True, engines=engine_pool)
+    assert [h["trained_samples"] for h in summary.history] == [4]
+    assert len(seen) >= 4
+    for record in seen:
+        assert record == {**rows[record["id"]], "answer": rows[record["id"]]["solution"]}
