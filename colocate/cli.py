@@ -18,6 +18,7 @@ import click
 from colocate import api, launch
 from colocate.config import dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError
+from colocate.monitor import completions
 from colocate.tools import doctor as doc
 from colocate.tools.sample import SampleOptions
 
@@ -257,6 +258,31 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
             click.echo(json.dumps(dataclasses.asdict(g)))
         else:
             click.echo(f"### {g.prompt}\n{g.response}\n[{len(g.token_ids)} tokens, {g.finish_reason}]\n")
+
+
+@main.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.option("--step", type=int, default=None, help="Only this step (default: the last step written).")
+@click.option("--all-steps", is_flag=True, help="Every step written.")
+@click.option("--eval", "evaluation", is_flag=True, help="The held-out evaluations' completions.")
+@click.option("--width", type=int, default=100, show_default=True, help="Characters of a prompt shown.")
+@_friendly
+def show(run, step, all_steps, evaluation, width):
+    """Print what the model wrote in RUN: each sample's prompt, response, reward and its
+    parts, length and fate (samples.jsonl, eval_samples.jsonl with --eval).
+
+    \b
+    Examples:
+      colocate show runs/default
+      colocate show runs/default --step 3
+      colocate show runs/default --eval --all-steps
+    """
+    rows = completions.read(run, step, evaluation)
+    if step is None and not all_steps and rows:
+        rows = [r for r in rows if r["step"] == rows[-1]["step"]]
+    if not rows:
+        raise click.ClickException(f"no samples of step {step} in {run}")
+    completions.show(rows, width=width, echo=click.echo)
 
 
 @main.command()

@@ -253,6 +253,9 @@ class RunConfig:
     # the process group gives up (slime: --distributed-timeout-minutes)
     dist_timeout_minutes: float = 60.0
     eval_every: int = 5  # greedy reward on the held-out prompts at step 0, every N steps, at the end (0: off)
+    # what the model wrote: this many samples of each step in <out_dir>/samples.jsonl and of
+    # each evaluation in eval_samples.jsonl (-1: all, 0: none; `colocate show RUN`)
+    log_samples: int = 64
     # <out_dir>/timeline.jsonl: every request's launch, first token, end, score, cut and
     # fate, and each step's phases (rank 0's engines); `colocate bench` always keeps one
     timeline: bool = False
@@ -413,6 +416,7 @@ def validate(cfg: Config) -> None:
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (cfg.run.dist_timeout_minutes > 0, "run.dist_timeout_minutes must be > 0"),
+        (cfg.run.log_samples >= -1, "run.log_samples must be >= -1 (-1: every sample, 0: none)"),
         (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),

@@ -85,6 +85,7 @@ class Sample:
     group: int | None = None  # samples of one prompt share it; None: a group of its own
     record: dict[str, Any] = dataclasses.field(default_factory=dict)  # the prompt's source record (rule rewards)
     score: float | None = None  # reward (model + functions) once scored
+    reward_parts: dict[str, float] = dataclasses.field(default_factory=dict)  # score's terms: model, env, each function
     cached_tokens: int = 0  # prompt tokens the engine served from its radix cache (first attempt)
     # multi-turn trajectories (empty/False/0 for a single response):
     loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1 model token, 0 environment token; [] all model

@@ -66,6 +66,20 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         self._mirror({f"eval/{k}": v for k, v in record.items() if k != "step"} | {"step": record["step"]})
 
+    def write_samples(self, step: int, rows: Sequence[dict[str, Any]], evaluation: bool = False) -> None:
+        """A step's completions (``colocate.monitor.completions``): ``samples.jsonl`` (or
+        ``eval_samples.jsonl``), a text table in TensorBoard and a table in W&B."""
+        if not self.enabled or not rows:
+            return
+        from colocate.monitor import completions
+
+        completions.append(self.path.parent / (completions.EVAL_FILE if evaluation else completions.TRAIN_FILE), rows)
+        name = "eval_samples" if evaluation else "samples"
+        if self._tb is not None:
+            self._tb.add_text(name, completions.markdown(rows), step)
+        if self._wandb is not None:
+            self._wandb.log_table(name, completions.COLUMNS, [completions.cells(r) for r in rows], step)
+
     def write_timeline(self, events: Sequence[dict[str, Any]]) -> None:
         """A step's rollout timeline (``run.timeline``): one line per event in ``timeline.jsonl``."""
         if not self.enabled or not events:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from colocate.config import RunConfig
 from colocate.errors import ConfigError
@@ -62,6 +62,12 @@ class WandbRun:
     def log(self, record: dict[str, Any]) -> None:
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         self._run.log(scalars, step=int(record.get("step", 0)))
+
+    def log_table(self, name: str, columns: Sequence[str], data: Sequence[Sequence[Any]], step: int) -> None:
+        """A table of rows at ``step`` (the completions: ``colocate.monitor.completions``)."""
+        import wandb  # optional, as above
+
+        self._run.log({name: wandb.Table(columns=list(columns), data=[list(r) for r in data])}, step=step)
 
     def finish(self, summary: dict[str, Any]) -> None:
         import wandb  # optional, as above

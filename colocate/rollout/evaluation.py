@@ -37,17 +37,20 @@ def due(step: int, every: int, last_step: int) -> bool:
     return every > 0 and (step % every == 0 or step == last_step)
 
 
-def evaluate(session) -> dict[str, Any]:  # noqa: ANN001 - colocate.run.session.Session
+def evaluate(session, answered: list | None = None) -> dict[str, Any]:  # noqa: ANN001 - colocate.run.session.Session
     """Greedy responses of the current actor engine weights to the held-out prompts, scored
-    like training (reward model and/or functions, ``reward.scale``) -> the eval record.
-    Non-finite scores are counted (``non_finite``) and left out of the mean."""
+    like training (reward model and/or functions, ``reward.scale``) -> the eval record
+    (``answered``, when given, gets the samples). Non-finite scores are counted
+    (``non_finite``) and left out of the mean."""
     s = session
     r = s.cfg.rollout
     started = time.perf_counter()
     samples = prompt_samples(s.eval_prompts, r.max_new_tokens)
     s.rollouts.evaluate(samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos), s.state.step)
+    if answered is not None:
+        answered.extend(samples)
     scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.rollout.scoring)
-    finite = [v for v in scores if math.isfinite(v)]  # a reward function may return NaN
+    finite = [v for v in scores if math.isfinite(v)]  # a reward model's NaN, an overflowing sum
     return {
         "step": s.state.step,
         "weight_version": s.state.weight_version,

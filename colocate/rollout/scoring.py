@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from colocate.engine import reward as rm
 from colocate.engine.rollout import Sample
 from colocate.rollout import reward_fns
-from colocate.rollout.reward_fns import Guarded, RewardFn
+from colocate.rollout.reward_fns import Guarded, RewardFn, fn_name
 from colocate.rollout.turns import history
 
 # (step id, [(prompt ids, response ids)], [sample indices]) -> the reward model's scores
@@ -46,6 +46,15 @@ async def call_reward_fn(fn: RewardFn, sample: Sample, text: str, decode) -> flo
     return float(await reward_fns.call(fn, sample.record, text, messages, reward_fns.wants_messages(fn)))
 
 
+def _unique(taken: dict[str, float], name: str) -> str:
+    """``name``, or ``name#2``, ``name#3``… when a part of that name is already there."""
+    k, out = 1, name
+    while out in taken:
+        k += 1
+        out = f"{name}#{k}"
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Scorer:
     """``reward_engine``: the inline reward engine; ``whole``: the reward model behind the
@@ -67,12 +76,14 @@ class Scorer:
     async def reward(self, sample: Sample, model_score: float) -> float:
         """The sample's reward from the model's score (0.0 without a reward model), plus a
         multi-turn trajectory's environment rewards."""
-        total = model_score + sample.env_reward
+        parts = {"model": model_score, "env": sample.env_reward}
         if self.fns:
             text = model_text(sample, self.decode)
             for fn in self.fns:
-                total += await call_reward_fn(fn, sample, text, self.decode)
-        return total * self.scale
+                name = fn_name(fn).rsplit(".", 1)[-1]  # "offset", not "test_x.<locals>.offset"
+                parts[_unique(parts, name)] = await call_reward_fn(fn, sample, text, self.decode)
+        sample.reward_parts = {name: value * self.scale for name, value in parts.items()}  # samples.jsonl
+        return sum(parts.values()) * self.scale
 
     async def __call__(self, sample: Sample, streamed: float | None, tag: str, step: int) -> float:
         """A finished sample's reward (``engine.oppo``'s scoring): its streamed model score,

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from colocate.rollout import evaluation
 from colocate.run import rank_failure, rank_rollouts
+from colocate.monitor import completions
 from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
 from colocate.errors import USER_ERRORS
@@ -48,13 +49,15 @@ def _sampling(s: Session) -> dict[str, Any]:
     return sampling_params(r.temperature, r.top_p, s.stop_ids, r.ignore_eos)
 
 
-def step(s: Session) -> dict[str, Any]:
-    """One PPO step; returns its metrics."""
+def step(s: Session, trained: list | None = None) -> dict[str, Any]:
+    """One PPO step; returns its metrics (``trained``, when given, gets the step's samples)."""
     timer, t_step = PhaseTimer(), time.perf_counter()
     s.begin_step()
     data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
     timer.seconds.update(data.seconds)
     samples = data.samples
+    if trained is not None:
+        trained.extend(samples)
     scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
     check_weight_versions([x.versions for x in samples], s.state.weight_version,
                           carries_partials=s.cfg.overlap.deferral)
@@ -155,9 +158,12 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
                 if saved_at != s.state.step:
                     s.save_checkpoint()
                 break
-            rec = _failing_like_a_step(s, lambda: step(s), saved_at)
+            version, samples = s.state.weight_version, []
+            rec = _failing_like_a_step(s, lambda: step(s, samples), saved_at)
             history.append(rec)
             log.write(rec)
+            log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, version,
+                                                            s.cfg.run.log_samples))
             if s.timeline is not None:
                 log.write_timeline(s.timeline.take())
             for cb in callbacks:
@@ -209,11 +215,14 @@ def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
     if not (s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
         return
     s.set_phase("eval")
-    rec = rank_failure.agree(lambda: evaluation.evaluate(s) if s.is_main else None, s.dist, "eval")
+    samples = []
+    rec = rank_failure.agree(lambda: evaluation.evaluate(s, samples) if s.is_main else None, s.dist, "eval")
     s.set_phase("idle")
     if not s.is_main:
         return
     log.write_eval(rec)
+    log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, rec["weight_version"],
+                                                    s.cfg.run.log_samples), evaluation=True)
     s.log(f"eval after step {rec['step']}: reward {rec['reward_mean']:+.3f} ± {rec['reward_std']:.3f} "
           f"on {rec['prompts']} held-out prompts (greedy, {rec['seconds']:.1f} s)")
 

@@ -140,6 +140,10 @@ class Session:
         """Token ids that end a response: the tokenizer's EOS and pad."""
         return stop_ids(self.tokenizer)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens left out (what reward functions read)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
     def begin_step(self) -> None:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
         during the rollout can still checkpoint exactly that step."""

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 
 import pytest
 
-from colocate import api
+from click.testing import CliRunner
+
+from colocate import api, cli
+from colocate.monitor import completions
 from colocate.run import checkpoint
 from colocate.config import load_config
 
@@ -57,6 +61,21 @@ def test_two_steps_with_sync_and_async_reward_functions(tiny_actor_path, tiny_rm
     [wandb_file] = (summary.out_dir / "wandb").glob("offline-run-*/run-*.wandb")
     data = wandb_file.read_bytes()
     assert all(key in data for key in (b"reward_mean", b"time/generate", b"reward_first", b"overlap"))
+    # what the model wrote: every trained sample, its reward's parts summing to it
+    rows = completions.read(summary.out_dir)
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4
+    for h in summary.history:
+        mine = [r for r in rows if r["step"] == h["step"]]
+        assert statistics.fmean(r["reward"] for r in mine) == pytest.approx(h["reward_mean"])
+        for r in mine:
+            assert set(r["reward_parts"]) == {"model", "env", "offset", "length_bonus"}
+            assert sum(r["reward_parts"].values()) == pytest.approx(r["reward"])
+            assert r["reward_parts"]["offset"] == OFFSET and r["response"] in texts
+            assert r["length"] == sum(n for _, n in r["versions"]) and r["prompt"]
+            assert r["finish_reason"] in ("stop", "length")
+    assert b"samples" in tb_file.read_bytes() and b"samples" in data  # TensorBoard text, W&B table
+    shown = CliRunner().invoke(cli.main, ["show", str(summary.out_dir)])
+    assert shown.exit_code == 0 and shown.output.count("step 2 sample ") == 4 and "offset +1e+03" in shown.output
 
 
 def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
@@ -109,3 +128,6 @@ def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, ti
     assert sum(n for i, n in seen.items() if i not in held) == 8
     assert all(n == 1 for i, n in seen.items() if i not in held)
     assert "held-out reward" in summary.describe()
+    evaluated = completions.read(summary.out_dir, evaluation=True)  # the evaluations' completions
+    assert [r["step"] for r in evaluated] == [0] * 3 + [1] * 3 + [2] * 3
+    assert sum(not math.isfinite(r["reward"]) for r in evaluated) == 3 and all(r["prompt"] for r in evaluated)
