@@ -89,8 +89,10 @@ class PPOTrainer:
             return model
 
         self.actor = load_actor(trained=True)
-        # the reference: the actor with its adapters disabled under LoRA (no third copy), else a frozen copy
-        self.ref = None if settings.lora.on_actor else load_actor(trained=False).requires_grad_(False)
+        # the reference: the actor with its adapters disabled under LoRA (no third copy), else a
+        # frozen copy; none at all when nothing reads it (`settings.reference`: the KL is off)
+        self.ref = (None if settings.lora.on_actor or not settings.reference
+                    else load_actor(trained=False).requires_grad_(False))
         self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
         self.critic: nn.Module | None = None  # critic-free estimators build none
         self.critic_optim: torch.optim.Optimizer | None = None
@@ -115,9 +117,12 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- no-grad phases
 
-    def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+    def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """Reference log-probs of the response tokens -> [B, T] (0 on padding): the frozen
-        copy of the initial actor, or under LoRA the actor with its adapters disabled."""
+        copy of the initial actor, or under LoRA the actor with its adapters disabled; None
+        (no pass) when the trainer has no reference (``settings.reference``)."""
+        if not self.settings.reference:
+            return None
         if self.ref is None:
             with self.actor.disable_adapter():
                 return self._rows_no_grad(lambda mb: self._policy(self.actor, mb, self.settings.temperature)[0], batch)
@@ -165,10 +170,11 @@ class PPOTrainer:
 
     @torch.no_grad()
     def advantages(
-        self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, values: torch.Tensor | None,
+        self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, values: torch.Tensor | None,
         kl_coef: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(advantages, returns, token_rewards, kl), each [B, T], all 0 outside `loss_mask`.
+        """(advantages, returns, token_rewards, kl), each [B, T], all 0 outside `loss_mask`
+        (kl all 0 without a reference: `ref_logp` None).
 
         Rewards: the score on each row's last model token, minus kl_coef x KL on every
         model token when KL is in the reward (``kl_in="reward"``). gae: GAE over `values`
@@ -178,8 +184,11 @@ class PPOTrainer:
         `values` unused; returns = that return on every model token.
         """
         s, loss_mask = self.settings, batch.loss_mask
-        kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
-        kl = torch.where(loss_mask, kl, torch.zeros_like(kl))
+        if ref_logp is None:
+            kl = torch.zeros_like(old_logp)  # [B, T]: no reference, no KL term (settings.reference)
+        else:
+            kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
+            kl = torch.where(loss_mask, kl, torch.zeros_like(kl))
         rewards = ppo_math.token_rewards(batch.scores, kl, loss_mask,
                                          kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
         if s.critic_free:
@@ -239,7 +248,7 @@ class PPOTrainer:
                  "on_policy": on_policy_mask(batch.versions, mask, current_version)}
         if s.is_cap is not None:
             extra["is_weights"] = ppo_math.truncated_is_weights(behaviour, old_logp, mask, s.is_cap)
-        if s.kl_in == "loss":
+        if s.kl_in == "loss" and s.reference:
             if ref_logp is None:
                 raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")
             extra["ref_logp"] = _model_tokens(ref_logp, mask)

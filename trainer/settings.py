@@ -70,6 +70,9 @@ class TrainerSettings:
     # KL to the reference: "reward" (a per-token penalty in the reward, kl_estimator) or
     # "loss" (k3 in the actor's loss, weighted by the KL coefficient, the GRPO way)
     kl_in: str = "reward"
+    # build and run the reference (False: nothing reads it — the KL is off, a fixed
+    # coefficient of 0 — so it is neither built, held nor run, and the loop reports no kl)
+    reference: bool = True
     lora: LoraSettings = LoraSettings()  # rank 0: full fine-tuning (`trainer/lora.py`)
     # recompute each decoder layer's activations in backward instead of keeping them
     # (transformers' gradient checkpointing, non-reentrant): less memory, one more forward

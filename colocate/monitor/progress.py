@@ -54,11 +54,11 @@ class Progress:
         if "skipped" in rec:
             self._line(f"step {rec['step']:>4}/{self.total}  skipped: {rec['skipped']}")
         elif self.bar is not None:
-            self.bar.set_postfix(reward=f"{rec['reward_mean']:+.3f}", kl=f"{rec['kl']:.3f}",
+            self.bar.set_postfix(reward=f"{rec['reward_mean']:+.3f}", kl=_kl(rec),
                                  step=f"{rec['step_s']:.1f}s", refresh=False)
         else:
             self._line(f"step {rec['step']:>4}/{self.total}  reward {rec['reward_mean']:+.3f}  "
-                       f"kl {rec['kl']:.3f}  gen {rec.get('time/generate', 0):.1f}s  "
+                       f"kl {_kl(rec)}  gen {rec.get('time/generate', 0):.1f}s  "
                        f"train {rec.get('time/actor', 0) + rec.get('time/critic', 0):.1f}s  "
                        f"step {rec['step_s']:.1f}s  eta {_eta(self.eta_s())}")
         if self.bar is not None:
@@ -73,3 +73,8 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _kl(rec: dict[str, Any]) -> str:
+    """The step's KL to the reference, "off" without one (ppo.kl_coef=0, fixed)."""
+    return f"{rec['kl']:.3f}" if "kl" in rec else "off"

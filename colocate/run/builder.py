@@ -166,7 +166,13 @@ def trainer_settings(cfg: Config, actor_path: str, critic_path: str, device, **s
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
         temperature=cfg.rollout.temperature or 1.0, host_offload=cfg.engines.host_offload,
-        lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **ppo, **settings)
+        reference=kl_on(cfg), lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **ppo, **settings)
+
+
+def kl_on(cfg: Config) -> bool:
+    """Whether anything reads the reference: not with a fixed KL coefficient of 0 (DAPO,
+    Dr. GRPO recipes), where the trainer builds none (``TrainerSettings.reference``)."""
+    return not (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0)
 
 
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):

@@ -71,8 +71,10 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     with timer("sleep_wake"):
         s.timesharing.sleep_engines()
-    with timer("ref"):
-        ref_logp = s.trainer.ref_logprobs(batch)
+    ref_logp = None
+    if s.trainer.settings.reference:  # none when the KL is off (ppo.kl_coef=0, fixed)
+        with timer("ref"):
+            ref_logp = s.trainer.ref_logprobs(batch)
     s.fault("logprobs", s.state.step + 1)
     with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
         old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version)
@@ -90,9 +92,10 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
                                             ref_logp=ref_logp, kl_coef=s.kl_ctl.value)
-    mask = batch.loss_mask.float()
-    mean_kl = float((kl * mask).sum(-1).mean())
-    s.kl_ctl.update(mean_kl, len(scores))
+    mean_kl = None
+    if ref_logp is not None:
+        mean_kl = float((kl * batch.loss_mask.float()).sum(-1).mean())
+        s.kl_ctl.update(mean_kl, len(scores))
     if s.rollouts is not None:
         s.rollouts.observe_reward(statistics.fmean(scores))
     s.state.step += 1
@@ -122,7 +125,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "trained_samples": len(scores),
         "response_len": n_tokens / len(samples),
         "prompt_len": sum(len(x.prompt_ids) for x in samples) / len(samples),
-        "kl": mean_kl,
+        **({"kl": mean_kl} if mean_kl is not None else {}),  # no reference: no KL to report
         "kl_coef": s.kl_ctl.value,
         "weight_version": s.state.weight_version,
         "step_s": step_s,

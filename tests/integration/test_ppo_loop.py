@@ -69,3 +69,18 @@ def test_two_plus_resume_plus_two_equals_four(models, tmp_path, engine_pool):
             # float32 sums over a save/load agree to ~1e-6 absolute; a lost optimizer state,
             # RNG or data position moves these by orders of magnitude more
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def test_with_the_kl_off_the_loop_builds_and_runs_no_reference(models, tmp_path, engine_pool):
+    from colocate.run import builder, loop
+
+    cfg = config(models, tmp_path / "nokl", "run.steps=1", "ppo.kl_kind=fixed", "ppo.kl_coef=0")
+    session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
+    try:
+        assert session.trainer.ref is None and not session.trainer.settings.reference
+        [h] = loop.train(session)
+        assert h["trained_samples"] == 4 and h["weight_version"] == 1 and h["kl_coef"] == 0
+        assert "kl" not in h and "time/ref" not in h  # no pass, nothing to report
+        assert torch.isfinite(torch.tensor(h["actor/policy_loss"]))
+    finally:
+        session.close()

@@ -417,3 +417,30 @@ def test_kl_in_loss_adds_k3_to_the_actor_loss_not_to_the_reward(world1, tiny_act
     stats = trainer.train_actor(batch, old, adv, current_version=0, ref_logp=ref, kl_coef=0.5)
     # the first minibatch starts at the reference weights: k3 there is 0; later ones moved
     assert 0 < stats["kl_loss"] < 1
+
+
+@pytest.mark.parametrize("advantage,kl_in", [("gae", "reward"), ("grpo", "loss")])
+def test_with_the_kl_off_no_reference_is_built_or_run_and_training_is_the_same(world1, tiny_actor_path,
+                                                                              advantage, kl_in):
+    """ppo.kl_coef=0 (fixed): the reference only ever multiplied 0. Without it the update is
+    bit-for-bit the one a trainer holding it makes, with one model less in memory."""
+    batch = grouped(rollout_batch(6)) if advantage == "grpo" else rollout_batch(6)
+    steps = {}
+    for reference in (True, False):
+        trainer = PPOTrainer(settings_for(tiny_actor_path, advantage=advantage, kl_in=kl_in,
+                                          reference=reference), world1)
+        old, ref = trainer.old_logprobs(batch), trainer.ref_logprobs(batch)
+        values = None if trainer.critic is None else trainer.values(batch)
+        adv, returns, rewards, kl = trainer.advantages(batch, old, ref, values, kl_coef=0.0)
+        if values is not None:
+            trainer.train_critic(batch, values, returns)
+        stats = trainer.train_actor(batch, old, adv, current_version=0, ref_logp=ref, kl_coef=0.0)
+        steps[reference] = {"ref_is_none": ref is None, "models": len(trainer._models()),
+                            "adv": adv, "rewards": rewards, "actor": dict(trainer.actor.state_dict()),
+                            "loss": stats["policy_loss"]}
+        if not reference:
+            assert trainer.ref is None and torch.count_nonzero(kl) == 0
+    assert not steps[True]["ref_is_none"] and steps[False]["ref_is_none"]
+    assert steps[False]["models"] == steps[True]["models"] - 1
+    for key in ("adv", "rewards", "actor", "loss"):
+        assert_same_tensors(steps[True][key], steps[False][key], where=key)
