@@ -102,7 +102,8 @@ def _clip(text: str, width: int) -> str:
 
 
 def _parts(parts: dict[str, float]) -> str:
-    return " ".join(f"{k} {v:+.3g}" for k, v in parts.items() if v or k == "model")
+    """The reward's nonzero parts ("0" when none is)."""
+    return " ".join(f"{k} {v:+.3g}" for k, v in parts.items() if v) or "0"
 
 
 def show(found: Sequence[dict[str, Any]], width: int = 80, echo: Callable[[str], None] = print,

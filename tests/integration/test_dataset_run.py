@@ -36,3 +36,26 @@ def test_a_run_on_a_parquet_dataset_of_chat_messages(tiny_actor_path, tiny_rm_pa
     assert len(seen) >= 4
     for record in seen:
         assert record == {**rows[record["id"]], "answer": rows[record["id"]]["solution"]}
+
+
+@pytest.mark.parametrize("prompt_key,reward", [
+    ("question", ("reward.rule=math",)),  # a question column, scored by the math rule
+    ("messages", ("reward.fns=tests.unit.reward_fns_for_tests:says_seven",)),  # chat messages, a function by name
+])
+def test_a_tiny_model_learns_a_gsm8k_like_parquet(tiny_pair, run_overrides, tmp_path, engine_pool, prompt_key, reward):
+    """Every answer is 7: a random policy's last number is almost never 7 (reward ~0); GRPO
+    on the dataset's answers must raise it well above that constant's."""
+    rows = [{"question": f"What is {a} + {7 - a}?", "answer": f"{a} + {7 - a} = 7\n#### 7",
+             "messages": [{"role": "system", "content": "Answer with a number."},
+                          {"role": "user", "content": f"What is {a} + {7 - a}?"}]} for a in range(8)] * 4
+    source = tmp_path / "gsm.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(source))
+    cfg = load_config(overrides=run_overrides(
+        tiny_pair("loop", 3, 4), tmp_path / "run", f"data.source={source}", f"data.prompt_key={prompt_key}",
+        "data.answer_key=answer", "reward.kind=rule", *reward, "rollout.batch_size=16", "rollout.group_size=8",
+        "ppo.advantage=grpo", "rollout.max_new_tokens=3", "ppo.actor_lr=1e-2", "ppo.kl_kind=fixed", "ppo.kl_coef=0",
+        "ppo.minibatches=1", "run.steps=30", "run.eval_every=0", "run.save_every=0"))
+    summary = api.train(cfg, quiet=True, engines=engine_pool)
+    rewards = [h["reward_mean"] for h in summary.history]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.15 and last > 0.5, rewards

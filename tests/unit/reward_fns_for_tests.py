@@ -42,3 +42,12 @@ def keyword_only(*, record, text):
 
 class Namespace:
     inner = staticmethod(constant)
+
+
+def says_seven(record, text):
+    """1.0 when the last number the model wrote is the record's answer (a gsm8k '#### 7'):
+    the learning signal of ``tests/integration/test_dataset_run.py`` through reward.fns."""
+    import re
+
+    numbers = re.findall(r"\d+", text)
+    return float(bool(numbers) and numbers[-1] == record["answer"].split("####")[-1].strip())
