@@ -102,10 +102,12 @@ def peer_ratio(summary: dict[str, Any], peer: dict[str, Any] | None, mode: str =
     trainer it was (``trl_trainer``: "ppo" or "grpo", with ``trl_group_size``)."""
     if not peer or mode not in summary or not peer.get("update_seconds"):
         return None
-    trl = statistics.median(peer["batch_size"] / s for s in peer["update_seconds"])
+    rounds = [peer["batch_size"] / s for s in peer["update_seconds"]]
+    trl = statistics.median(rounds)
     s = summary[mode]["trained_samples_per_s"]
     out = {"median": s["median"] / trl, "min": s["min"] / trl, "max": s["max"] / trl, "n": s["n"],
-           "trl_samples_per_s": trl, "trl_new_tokens": peer.get("new_tokens"),
+           "trl_samples_per_s": trl, "trl_min": min(rounds), "trl_max": max(rounds), "trl_rounds": len(rounds),
+           "trl_new_tokens": peer.get("new_tokens"),
            "trl_trainer": peer.get("trainer", "ppo"), "trl_group_size": peer.get("group_size", 0),
            "trl_response_len": statistics.fmean(peer["response_tokens"]) / peer["batch_size"]
            if peer.get("response_tokens") else float("nan")}
@@ -134,7 +136,9 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
         lines += ["", f"{peer_label(peer_info)} (trl {peer_info.get('trl_version', '?')}, same models/batch"
                   f"{_group_note(peer_info)}, responses of {peer_info['trl_response_len']:.0f} tokens on average "
                   f"vs oppo's {summary['oppo']['response_len']['median']:.0f}): "
-                  f"{peer_info['trl_samples_per_s']:.3f} trained samples/s; oppo / TRL = "
+                  f"{peer_info['trl_samples_per_s']:.3f} [{peer_info.get('trl_min', float('nan')):.3f}–"
+                  f"{peer_info.get('trl_max', float('nan')):.3f}] trained samples/s over "
+                  f"{peer_info.get('trl_rounds', '?')} updates; oppo / TRL = "
                   f"{peer_info['median']:.2f}x [{peer_info['min']:.2f}–{peer_info['max']:.2f}] in samples/s"]
         if "tokens" in peer_info:
             t = peer_info["tokens"]

@@ -48,8 +48,16 @@ class BenchOptions:
 
 def _preset(opts: BenchOptions) -> Preset:
     p = PRESETS[opts.preset]
-    return dataclasses.replace(p, workloads=opts.workloads or p.workloads,
-                               repeats=opts.repeats or p.repeats, steps=opts.steps or p.steps)
+    repeats, steps = opts.repeats or p.repeats, opts.steps or p.steps
+    # the TRL peer is timed over as many measured rounds as each mode's measured steps (at
+    # least 4, after its warm-up), so its spread is as well sampled as colocate's
+    return dataclasses.replace(p, workloads=opts.workloads or p.workloads, repeats=repeats, steps=steps,
+                               peer_updates=p.peer_updates and peer_rounds(repeats, steps))
+
+
+def peer_rounds(repeats: int, steps: int) -> int:
+    """Measured TRL updates of a bench: colocate's measured steps per mode, at least 4."""
+    return max(4, repeats * steps)
 
 
 def _models(preset: Preset, out: Path) -> tuple[str, str]:

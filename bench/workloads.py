@@ -55,7 +55,7 @@ class Preset:
     batch_size: int
     max_new_tokens: int
     models: str  # "small": built by the bench (random weights); "default": SmolLM2 + sentiment RM
-    peer_updates: int  # TRL PPO updates (0: no peer)
+    peer_updates: int  # measured TRL updates (0: no peer); the bench times repeats x steps of them, >= 4
     reasoning_tokens: int = 256  # the reasoning workload's cap (EOS decides below it)
     reasoning_task: str = REASONING_TASK  # a reasoning-gym dataset name
     overrides: tuple[str, ...] = ()  # config overrides of every workload (trainer switches, e.g. ppo.*)

@@ -138,3 +138,19 @@ def test_multi_turn_rows_report_turns_and_tool_calls_per_mode():
     assert "| mode | model turns / trajectory | tool calls / trajectory | tool-call rate |" in text
     assert "| oppo | 2.50 [2.00–3.00] | 1.00 [1.00–1.00] | 0.50 [0.50–0.50] | 20.0 [20.0–20.0] |" in text
     assert "trajectories" not in summarize([_rec("oppo", 0, 1.0)], {}, ["oppo"])["oppo"]  # single responses: no table
+
+
+def test_the_trl_peer_runs_as_many_rounds_as_a_mode_measures_and_the_report_shows_their_spread():
+    from colocate.bench.suite import _preset, peer_rounds
+
+    for preset in ("quick", "full"):
+        p = PRESETS[preset]
+        assert _preset(BenchOptions(preset=preset)).peer_updates == max(4, p.repeats * p.steps) >= 4
+    assert _preset(BenchOptions(preset="quick", repeats=1, steps=2)).peer_updates == 4 == peer_rounds(1, 2)
+    s = summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"])
+    peer = {"batch_size": 8, "update_seconds": [8.0, 4.0, 2.0, 16.0], "response_tokens": [64] * 4,
+            "trl_version": "1.12.0"}
+    info = peer_ratio(s, peer)
+    assert (info["trl_min"], info["trl_max"], info["trl_rounds"]) == (0.5, 4.0, 4)
+    assert info["trl_samples_per_s"] == 1.5 and info["median"] == 2.0 / 1.5  # the median of 0.5, 1, 2, 4
+    assert "1.500 [0.500–4.000] trained samples/s over 4 updates" in markdown("short", s, info, {})
