@@ -91,6 +91,10 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
             "skipped_steps": sum(1 for r in skipped if r["mode"] == mode),
             "contention": guard[mode],
         }
+        if any("train/tokens_computed" in r for r in rows):  # one trainer pass: computed vs the samples' tokens
+            summary[mode]["train_tokens"] = {
+                "computed": spread([r["train/tokens_computed"] for r in rows if "train/tokens_computed" in r]),
+                "samples": spread([r["train/tokens_samples"] for r in rows if "train/tokens_samples" in r])}
         if any("rollout/turns" in r for r in rows):  # multi-turn trajectories
             summary[mode]["trajectories"] = {k: spread([r.get(f"rollout/{k}", 0.0) for r in rows]) for k in TRAJECTORY}
     return summary
@@ -132,6 +136,11 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
             f"{fmt(s['reward_tail_s'])} | {fmt(s['train_s'])} | {fmt(s['sync_s'])} | "
             f"{fmt(s['engine_busy'])} | {fmt(s['deferred'], 1)} | {fmt(s['reward_mean'], 3)} | "
             f"{fmt(s['bound_efficiency'])} |")
+    counted = {m: s["train_tokens"] for m, s in summary.items() if "train_tokens" in s}
+    if counted:
+        lines += ["", "Trainer tokens per pass (median; a group's prompt once with `ppo.shared_prefix`): " + ", ".join(
+            f"{m} {t['computed']['median']:.0f} of {t['samples']['median']:.0f} sample tokens "
+            f"({t['computed']['median'] / max(t['samples']['median'], 1):.2f}x)" for m, t in counted.items())]
     if peer_info:
         lines += ["", f"{peer_label(peer_info)} (trl {peer_info.get('trl_version', '?')}, same models/batch"
                   f"{_group_note(peer_info)}, responses of {peer_info['trl_response_len']:.0f} tokens on average "

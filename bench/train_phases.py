@@ -77,13 +77,16 @@ def response_lengths(rows: int, response_tokens: int, kind: str, g: torch.Genera
 
 def synthetic_batch(rows: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int,
                     lengths: str = "even", group_size: int = 1):
-    """Rollouts of `rows` random prompts (each `prompt_tokens`) and responses of
-    `response_lengths(kind=lengths)`, in groups of `group_size` consecutive rows."""
+    """Rollouts of random prompts (each `prompt_tokens`) and responses of
+    `response_lengths(kind=lengths)`, in groups of `group_size` consecutive rows that share
+    their prompt (as a group's samples of one prompt do)."""
     from colocate.trainer.batch import make_batch
 
     g = torch.Generator().manual_seed(seed)
     lengths = response_lengths(rows, response_tokens, lengths, g)
-    prompts = [torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
+    n = max(group_size, 1)
+    distinct = [torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist() for _ in range(-(-rows // n))]
+    prompts = [distinct[i // n] for i in range(rows)]
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
     scores = torch.randn(rows, generator=g).tolist()
     return make_batch(prompts, responses, 0, scores, [[-1.0] * n for n in lengths], [[0] * n for n in lengths],

@@ -130,6 +130,7 @@ class PPOConfig:
     value_coef: float = 1.0
     packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
     micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 1024 with sdpa, 8192 with flash-attention)
+    shared_prefix: bool = True  # packed: a group's rows with one prompt carry it once (not under flash-attention 2)
     old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
     # advantage estimator: gae (with a critic) or critic-free over rollout.group_size samples
     # per prompt: grpo, rloo, reinforce_baseline (no critic is built, trained or saved)

@@ -74,12 +74,29 @@ class TrainBatch:
         """A shuffled split of range(B) into `n` equal [B / n] index tensors; each row in exactly one.
 
         B must be divisible by n, so every minibatch (and every rank's share of it) has
-        the same number of rows.
+        the same number of rows. Groups (samples of one prompt: contiguous, of one size g)
+        stay whole when a minibatch holds a whole number of them: the groups are shuffled,
+        not the rows (verl's minibatches of prompts), so a shared-prefix packed row
+        (`trainer/packed.py`) carries each prompt once in training too.
         """
         if n < 1 or self.size % n:
             raise ValueError(f"batch of {self.size} rows does not split into {n} equal minibatches")
-        order = torch.randperm(self.size, generator=generator)  # [B]
+        g = group_span(self.groups)
+        if g > 1 and (self.size // n) % g == 0:
+            order = (torch.randperm(self.size // g, generator=generator)[:, None] * g + torch.arange(g)).flatten()
+        else:
+            order = torch.randperm(self.size, generator=generator)  # [B]
         return list(order.chunk(n))
+
+
+def group_span(groups: torch.Tensor) -> int:
+    """g when `groups` [B] is blocks of g equal ids, each block's id its own (1 otherwise)."""
+    ids = groups.tolist()
+    b = len(ids)
+    starts = [0] + [i for i in range(1, b) if ids[i] != ids[i - 1]]
+    sizes = {end - start for start, end in zip(starts, starts[1:] + [b])}
+    distinct = len(set(ids)) == len(starts)
+    return sizes.pop() if len(sizes) == 1 and distinct and b else 1
 
 
 def make_batch(

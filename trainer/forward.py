@@ -4,7 +4,7 @@ Owns: the policy forward (per-token log-probs and entropy of the response tokens
 the critic forward (values of the states that emit each response token), each in two
 forms with the same [b, T] results: right-padded rows (`policy_forward`,
 `value_forward`) and one padding-free packed row (`packed_policy_forward`,
-`packed_value_forward`, see `trainer/packed.py`); no-grad evaluation over a micro-batch
+`packed_value_forward`, see `trainer/packed.py`, optionally with shared prompts); no-grad evaluation over a micro-batch
 plan (`evaluate_plan`); and the loss-aggregation denominators that make micro-batched and
 multi-rank losses equal the loss of the whole minibatch.
 
@@ -67,13 +67,15 @@ def value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:
 
 
 def packed_policy_forward(
-    model: nn.Module, batch: TrainBatch, temperature: float = 1.0, with_entropy: bool = False
+    model: nn.Module, batch: TrainBatch, temperature: float = 1.0, with_entropy: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`policy_forward` over one packed row: the same (logp [b, T], entropy [b, T] or None).
+    `shared_prefix`: rows sharing a prompt carry it once (`pack`).
 
     The LM head runs only at the positions that predict response tokens.
     """
-    packed = pack(batch)
+    packed = pack(batch, share=shared_prefix)
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                   **packed.attention_kwargs())
     if _takes_logits_to_keep(model):
@@ -91,10 +93,11 @@ def packed_policy_forward(
     return unpack(flat, packed), entropy
 
 
-def packed_value_forward(critic: nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """`value_forward` over one packed row: values [b, T] (0 on padding)."""
-    packed = pack(batch)
-    values = critic(packed.input_ids, None, position_ids=packed.position_ids, **packed.attention_kwargs())  # [1, N]
+def packed_value_forward(critic: nn.Module, batch: TrainBatch, shared_prefix: bool = False) -> torch.Tensor:
+    """`value_forward` over one packed row: values [b, T] (0 on padding). `shared_prefix`:
+    rows sharing a prompt carry it once (`pack`)."""
+    packed = pack(batch, share=shared_prefix)
+    values = critic(packed.input_ids, position_ids=packed.position_ids, **packed.attention_kwargs())  # [1, N]
     return unpack(values[0, packed.keep], packed)  # [b, T]
 
 

@@ -5,7 +5,11 @@ Owns: `PackedRows` (built by `pack` from a right-padded `TrainBatch`): input ids
 each sequence, and the packed positions whose outputs predict (or value) each response
 token; `unpack`, which scatters per-token results back into the [b, T] layout the PPO math
 uses; `idle_batch`, a one-token row without response tokens for the idle micro-batches of
-`trainer/packing.py`.
+`trainer/packing.py`. Shared prefixes (`pack(batch, share=True)`, issue 36): rows of one
+group with equal prompts (`prefix_groups`) become one segment, the prompt once and then
+each response with positions continuing from the prompt's end, every response attending
+to the prompt and to itself only (`shared_prefix_mask`); `trainer_tokens` counts what
+that saves.
 
 Leaves out: models. Sequence boundaries reach attention in two ways: as `cu_seq_lens`
 (`PackedRows.attention_kwargs`, taken by flash-attention 2 and `trainer/varlen_attention.py`,
@@ -13,6 +17,12 @@ which attend within each sequence only), and through position ids that restart, 
 which transformers (5.x, `masking_utils.find_packed_sequence_indices`, with no attention
 mask and no KV cache) builds a block-diagonal causal mask for sdpa/eager/flex. Rotary embeddings see the same positions as
 in the right-padded row, so every result equals the padded path's up to float rounding.
+A shared-prefix row's mask is not block-diagonal: it goes to the model as a [1, 1, N, N]
+bool `attention_mask`, which transformers (5.x, `masking_utils._preprocess_mask_arguments`)
+passes to sdpa as given, plus its segment boundaries for `trainer/varlen_attention.py`
+(sdpa per segment with the segment's slice of the mask). Exact on CPU; flash-attention 2
+cannot take the mask (the trainer does not share there, `TrainerSettings.shares_prefix`):
+on CUDA flex attention with a BlockMask or a shared-prefix varlen kernel would (untested).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import dataclasses
 import torch
 
 from .batch import TrainBatch, response_positions
+from .packing import unit_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +42,10 @@ class PackedRows:
     keep: torch.Tensor  # [n'] long, packed position predicting each response token (row-major); n' = max(n, 1)
     targets: torch.Tensor  # [n'] long, the response token each kept position predicts
     response_mask: torch.Tensor  # [b, T] bool, where the n results go back
-    cu_seq_lens: torch.Tensor  # [b + 1] int32: 0, then where each row ends in the packed row
+    cu_seq_lens: torch.Tensor  # [S + 1] int32: 0, then where each segment (a row, or a shared-prefix group) ends
+    # shared-prefix rows only (`pack(..., share=True)` with a group): [1, 1, N, N] bool, True
+    # where query i may attend to key j; None: every segment is one causal sequence
+    attention_mask: torch.Tensor | None = None
 
     @property
     def tokens(self) -> int:
@@ -39,19 +53,30 @@ class PackedRows:
         return int(self.input_ids.shape[1])
 
     def attention_kwargs(self) -> dict[str, torch.Tensor | int]:
-        """The sequence boundaries as the keywords of transformers' varlen attention
-        (flash-attention 2, `trainer/varlen_attention.py`), for a model's forward."""
+        """A model forward's attention keywords. Without shared prefixes: the sequence
+        boundaries as the keywords of transformers' varlen attention (flash-attention 2,
+        `trainer/varlen_attention.py`). With them: the [1, 1, N, N] mask, which transformers
+        passes to sdpa as given, and the segment boundaries as `shared_prefix_bounds`, with
+        which `trainer/varlen_attention.py` runs sdpa per segment (others ignore it)."""
+        if self.attention_mask is not None:
+            return dict(attention_mask=self.attention_mask, shared_prefix_bounds=self.cu_seq_lens)
         longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
         return dict(cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens,
                     max_length_q=longest, max_length_k=longest)
 
 
-def pack(batch: TrainBatch) -> PackedRows:
-    """The rows of `batch` as one padding-free row (see `PackedRows`).
+def pack(batch: TrainBatch, share: bool = False) -> PackedRows:
+    """The rows of `batch` as one padding-free row (see `PackedRows`); with `share`, rows
+    that share a prompt (`prefix_groups`) as one shared-prefix segment each (`_pack_shared`);
+    without such rows, exactly the unshared packing.
 
     With no response token in the batch, `keep` holds position 0 (so a forward still has
     an output to differentiate) and `unpack` writes nothing.
     """
+    if share:
+        segments = prefix_groups(batch)
+        if any(len(rows) > 1 for rows in segments):
+            return _pack_shared(batch, segments)
     used = batch.attention_mask.bool()  # [b, L], a prefix of each row (right padding)
     lengths = used.sum(-1)  # [b]
     columns = torch.arange(used.shape[1], device=used.device).expand_as(used)  # [b, L]
@@ -69,6 +94,93 @@ def pack(batch: TrainBatch) -> PackedRows:
         response_mask=mask,
         cu_seq_lens=torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32),
     )
+
+
+def prefix_groups(batch: TrainBatch) -> list[list[int]]:
+    """The rows of `batch` in segments that share a prompt: rows of one group (`groups`)
+    whose prompt tokens are equal, in ascending order; every other row alone. Segments in
+    the order of their first row."""
+    prompts = [tuple(row[:start]) for row, start in zip(batch.input_ids.tolist(), batch.response_start.tolist())]
+    segments: dict[tuple, list[int]] = {}
+    for b, (group, prompt) in enumerate(zip(batch.groups.tolist(), prompts)):
+        segments.setdefault((group, prompt), []).append(b)
+    return list(segments.values())
+
+
+def _pack_shared(batch: TrainBatch, segments: list[list[int]]) -> PackedRows:
+    """`pack` with shared prefixes: each segment of several rows is its prompt (positions
+    0 … P-1) then each row's response (positions P, P+1, … again for every response); a
+    one-row segment is its row, as unshared. Row b's first response token is predicted by
+    its prompt's last position (the same for the whole segment: `keep` repeats it), token
+    t > 0 by its own response's token t - 1. The mask: token j is visible to token i iff
+    both are in one segment, j <= i, and j is in the prompt part or in i's response."""
+    device = batch.input_ids.device
+    lengths = batch.attention_mask.sum(-1).tolist()
+    starts = batch.response_start.tolist()
+    ids, positions, segment_of, part_of = [], [], [], []
+    first, response_at = [0] * batch.size, [0] * batch.size  # packed: predicts token 0, holds token 0
+    offset = 0
+
+    def add(tokens: torch.Tensor, start: int, segment: int, part: int) -> None:
+        ids.append(tokens)
+        positions.append(torch.arange(start, start + len(tokens), device=device))
+        segment_of.append(torch.full((len(tokens),), segment, device=device))
+        part_of.append(torch.full((len(tokens),), part, device=device))
+
+    for s, rows in enumerate(segments):
+        prompt = starts[rows[0]]
+        if len(rows) == 1:  # unshared: prompt and response as one causal sequence
+            b = rows[0]
+            add(batch.input_ids[b, : lengths[b]], 0, s, 0)
+            first[b], response_at[b] = offset + prompt - 1, offset + prompt
+            offset += lengths[b]
+            continue
+        add(batch.input_ids[rows[0], :prompt], 0, s, 0)
+        offset += prompt
+        last = offset - 1  # the prompt's last position predicts every response's first token
+        for k, b in enumerate(rows, 1):
+            size = lengths[b] - prompt
+            add(batch.input_ids[b, prompt : prompt + size], prompt, s, k)
+            first[b], response_at[b] = last, offset
+            offset += size
+    segment, part = torch.cat(segment_of), torch.cat(part_of)  # [N]
+    width = batch.responses.shape[1]
+    where = torch.tensor(response_at, device=device)[:, None] - 1 + torch.arange(width, device=device)  # [b, T]
+    where[:, 0] = torch.tensor(first, device=device)
+    mask = batch.response_mask.bool()  # [b, T]
+    keep, targets = where[mask], batch.responses[mask]  # [n]
+    if keep.numel() == 0:
+        keep, targets = keep.new_zeros(1), targets.new_zeros(1)
+    bounds = torch.cumsum(torch.bincount(segment), 0)  # [S] where each segment ends
+    return PackedRows(
+        input_ids=torch.cat(ids)[None],
+        position_ids=torch.cat(positions)[None],
+        keep=keep,
+        targets=targets,
+        response_mask=mask,
+        cu_seq_lens=torch.cat([bounds.new_zeros(1), bounds]).to(torch.int32),
+        attention_mask=shared_prefix_mask(segment, part),
+    )
+
+
+def shared_prefix_mask(segment: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """segment, part [N] (each token's segment; 0 in a prompt part, k in a segment's k-th
+    response) -> [1, 1, N, N] bool: query i sees key j iff one segment, j <= i, and j in
+    the prompt part or in i's response (a prompt part precedes its responses)."""
+    index = torch.arange(len(segment), device=segment.device)  # [N]
+    visible = ((segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None])
+               & ((part[None, :] == 0) | (part[None, :] == part[:, None])))  # [N, N]: query i, key j
+    return visible[None, None]
+
+
+def trainer_tokens(batch: TrainBatch, shared_prefix: bool, budget: int | None = None) -> tuple[int, int]:
+    """(computed, sample_tokens) of one packed pass over `batch`: the tokens the trainer's
+    forward runs (shared prefixes: each group's prompt once, once per part when a group is
+    split over micro-batches of `budget` tokens), and every row's prompt + response."""
+    segments = prefix_groups(batch) if shared_prefix else [[b] for b in range(batch.size)]
+    prompts = batch.response_start.tolist()
+    responses = [n - p for n, p in zip(batch.attention_mask.sum(-1).tolist(), prompts)]
+    return unit_tokens(segments, prompts, responses, budget)
 
 
 def unpack(flat: torch.Tensor, packed: PackedRows) -> torch.Tensor:

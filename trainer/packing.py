@@ -5,8 +5,10 @@ first-fit-decreasing packing of rows into micro-batches of at most a token budge
 (`first_fit_decreasing`), a greedy longest-first split of rows over ranks by tokens
 (`balance_ranks`), this rank's micro-batches for the packed path (`packed_micro_batches`:
 balanced, packed, padded with empty micro-batches so every rank runs the same number of
-forwards, as FSDP's collectives need), and the right-padded path's plan
-(`row_micro_batches`: a contiguous share of the rows in chunks of a row count).
+forwards, as FSDP's collectives need; `unit_micro_batches` does the same with units that
+stay whole: shared-prefix groups, or their parts, from `shared_units`), the right-padded
+path's plan (`row_micro_batches`: a contiguous share of the rows in chunks of a row
+count), and the tokens a packed pass computes (`unit_tokens`).
 
 Leaves out: tensors (`trainer/packed.py` builds a packed row from a plan's rows), forward
 passes (`trainer/forward.py`) and loss normalisation (the minibatch denominator in
@@ -67,13 +69,54 @@ def packed_micro_batches(lengths: Sequence[int], world: int, rank: int, budget: 
     """This rank's micro-batches on the packed path: rows balanced over ranks by tokens,
     each rank's share packed first-fit decreasing into `budget`-token micro-batches, then
     idle (empty) micro-batches appended up to the busiest rank's count."""
+    return unit_micro_batches([[row] for row in range(len(lengths))], lengths, world, rank, budget)
+
+
+def unit_micro_batches(units: Sequence[Sequence[int]], lengths: Sequence[int], world: int, rank: int,
+                       budget: int) -> Plan:
+    """`packed_micro_batches` over units that stay whole: each unit (a list of rows, one
+    row or a shared-prefix group's part, see `shared_units`) of `lengths[u]` tokens is
+    balanced, packed and idled like one row; each micro-batch lists its units' rows in
+    ascending order. One-row units in row order give exactly `packed_micro_batches`."""
     plans = []
     for share in balance_ranks(lengths, world):
-        bins = first_fit_decreasing([lengths[row] for row in share], budget)
-        plans.append([[share[i] for i in b] for b in bins])
+        bins = first_fit_decreasing([lengths[u] for u in share], budget)
+        plans.append([sorted(row for i in b for row in units[share[i]]) for b in bins])
     count = max(1, max(len(plan) for plan in plans))
     mine = plans[rank]
     return mine + [[] for _ in range(count - len(mine))]
+
+
+def shared_units(segments: Sequence[Sequence[int]], prompts: Sequence[int], responses: Sequence[int],
+                 budget: int | None) -> tuple[Plan, list[int]]:
+    """(units, their tokens) of a shared-prefix packing. `segments`: rows in groups that
+    share a prompt (a one-row segment shares nothing); `prompts[row]`, `responses[row]`:
+    each row's prompt and response tokens.
+
+    A segment of several rows is one unit of its prompt once plus its responses; one over
+    `budget` is split, its rows in order, into parts of at most `budget` tokens (each at
+    least one row), every part with the prompt again. A one-row unit costs prompt +
+    response, as unshared. `budget` None: no split.
+    """
+    units: Plan = []
+    tokens: list[int] = []
+    for rows in segments:
+        if len(rows) == 1:
+            units.append([rows[0]])
+            tokens.append(prompts[rows[0]] + responses[rows[0]])
+            continue
+        prompt = prompts[rows[0]]
+        part, load = [], prompt
+        for row in rows:
+            if part and budget is not None and load + responses[row] > budget:
+                units.append(part)
+                tokens.append(load)
+                part, load = [], prompt
+            part.append(row)
+            load += responses[row]
+        units.append(part)
+        tokens.append(load)
+    return units, tokens
 
 
 def row_micro_batches(rows: int, world: int, rank: int, micro_batch: int) -> Plan:
@@ -88,3 +131,12 @@ def row_micro_batches(rows: int, world: int, rank: int, micro_batch: int) -> Pla
     plan = [mine[i : i + step] for i in range(0, len(mine), step)]
     count = max(1, -(-share // step))
     return plan + [[] for _ in range(count - len(plan))]
+
+
+def unit_tokens(segments: Sequence[Sequence[int]], prompts: Sequence[int], responses: Sequence[int],
+                budget: int | None = None) -> tuple[int, int]:
+    """(computed, sample) tokens of one packed pass over every row: computed, what the
+    shared-prefix units hold (`shared_units`: each prompt once per unit); sample, prompt +
+    response of every row (what unshared packing computes). One-row segments: equal."""
+    _, tokens = shared_units(segments, prompts, responses, budget)
+    return sum(tokens), sum(p + r for p, r in zip(prompts, responses))

@@ -15,7 +15,9 @@ and the step loop (`colocate/`).
 Ranks: every rank holds the same full `TrainBatch` (rank 0 broadcasts it). Which rows a
 rank runs, in which micro-batches, is a plan (`trainer/packing.py`): packed, rows are
 balanced over ranks by tokens and packed into padding-free rows of at most
-`micro_batch_tokens` tokens; padded, a contiguous share in chunks of `micro_batch` rows.
+`micro_batch_tokens` tokens (with `shares_prefix`, rows of a group sharing a prompt as
+one unit: the prompt once plus the responses, or parts of it each with the prompt, see
+`trainer/packed.py`); padded, a contiguous share in chunks of `micro_batch` rows.
 Every rank runs the same number of micro-batches (idle ones where it has fewer), so
 FSDP's collectives line up. No-grad phases sum every rank's rows (0 elsewhere) over
 ranks. In training, every minibatch (same shuffled indices on all ranks) is planned the
@@ -39,6 +41,7 @@ minibatch (weights still the sampling weights) in both modes.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -55,7 +58,8 @@ from .lora import BASE_WEIGHT, adapted_weight, add_lora, is_lora, merged_weights
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
-from .packing import Plan, packed_micro_batches, row_micro_batches
+from .packed import prefix_groups, trainer_tokens
+from .packing import Plan, packed_micro_batches, row_micro_batches, shared_units, unit_micro_batches
 from .rollout_logp import drift_terms, on_policy_mask, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
 from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
@@ -109,10 +113,14 @@ class PPOTrainer:
 
     @property
     def _policy(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        if self.settings.shares_prefix:
+            return functools.partial(packed_policy_forward, shared_prefix=True)
         return packed_policy_forward if self.settings.packing else policy_forward
 
     @property
     def _value(self) -> Callable[[nn.Module, TrainBatch], torch.Tensor]:
+        if self.settings.shares_prefix:
+            return functools.partial(packed_value_forward, shared_prefix=True)
         return packed_value_forward if self.settings.packing else value_forward
 
     # ---------------------------------------------------------------- no-grad phases
@@ -158,9 +166,24 @@ class PPOTrainer:
         out = evaluate_plan(fn, batch, self._plan(batch), self.dist.device)  # [B, T], 0 on other ranks' rows
         return all_reduce_sum(out, self.dist).to(batch.responses.device)  # [B, T]
 
+    def pass_tokens(self, batch: TrainBatch) -> tuple[int, int]:
+        """(computed, sample_tokens) of one pass over `batch`: the tokens a forward runs
+        (packed: prompts shared within a group; right-padded: B x the longest row) and the
+        rows' own prompt + response tokens."""
+        s = self.settings
+        if s.packing:
+            return trainer_tokens(batch, s.shares_prefix, s.token_budget)
+        lengths = batch.attention_mask.sum(-1)
+        return batch.size * int(lengths.max()), int(lengths.sum())
+
     def _plan(self, batch: TrainBatch) -> Plan:
         """This rank's micro-batches of `batch` (row indices; [] for an idle one)."""
         s, d = self.settings, self.dist
+        if s.shares_prefix:  # a group sharing a prompt stays whole, or splits into parts with the prompt each
+            prompts = batch.response_start.tolist()
+            responses = [n - p for n, p in zip(batch.attention_mask.sum(-1).tolist(), prompts)]
+            units, tokens = shared_units(prefix_groups(batch), prompts, responses, s.token_budget)
+            return unit_micro_batches(units, tokens, d.world_size, d.rank, s.token_budget)
         if s.packing:
             lengths = batch.attention_mask.sum(-1).tolist()  # prompt + response tokens per row
             return packed_micro_batches(lengths, d.world_size, d.rank, s.token_budget)

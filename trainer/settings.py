@@ -57,6 +57,11 @@ class TrainerSettings:
     packing: bool = False
     micro_batch_tokens: int = 0  # 0: `token_budget` picks one for the attention path
     micro_batch: int = 8  # packing=False: rows per forward pass (bounds activation memory)
+    # packing=True: rows of one group with the same prompt (rollout.group_size > 1) packed as
+    # one segment, the prompt once and then each response attending to it and to itself
+    # (`trainer/packed.py`); kept whole in a micro-batch, or split into parts each with the
+    # prompt. Off under flash-attention 2, which cannot take the mask (`shares_prefix`)
+    shared_prefix: bool = True
     # where old log-probs come from: "recompute" (a no-grad actor pass) or "rollout" (the
     # engine's sampling log-probs of tokens sampled under the current weights; rows holding
     # tokens of older weights are recomputed, see trainer/rollout_logp.py)
@@ -125,6 +130,13 @@ class TrainerSettings:
             return None
         flash = self.device.startswith("cuda") and self.dtype != "float32" and flash_attn_2_available()
         return "flash_attention_2" if flash else VARLEN_SDPA
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether packed rows share their group's prompt: `shared_prefix` with packing, and
+        not under flash-attention 2 (its varlen kernel is causal per sequence; the shared
+        mask would need flex attention or a shared-prefix kernel there)."""
+        return self.packing and self.shared_prefix and self.attn_implementation != "flash_attention_2"
 
     @property
     def token_budget(self) -> int:

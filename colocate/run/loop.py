@@ -69,6 +69,7 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
                        [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples],
                        loss_masks=[x.loss_mask for x in samples])  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
+    computed, sample_tokens = s.trainer.pass_tokens(batch)  # a group's prompt once (ppo.shared_prefix)
     with timer("sleep_wake"):
         s.timesharing.sleep_engines()
     ref_logp = None
@@ -103,7 +104,8 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     timer.seconds["sync"] = s.timesharing.wake_and_sync(
         s.gather_weights, lambda full: rank_failure.agree(lambda: s.push_weights(full), s.dist, "sync"))
     s.set_phase("idle")
-    return _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+    rec = _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+    return rec | {"train/tokens_computed": computed, "train/tokens_samples": sample_tokens}
 
 
 def _skipped(s: Session, t_step: float, reason: str) -> dict[str, Any]:

@@ -59,3 +59,7 @@ def test_a_tiny_model_learns_a_gsm8k_like_parquet(tiny_pair, run_overrides, tmp_
     rewards = [h["reward_mean"] for h in summary.history]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.15 and last > 0.5, rewards
+    # a group's prompt once in the trainer (ppo.shared_prefix): 16 rows, 2 prompts of P tokens
+    for h in summary.history:
+        prompt = (h["train/tokens_samples"] - h["response_len"] * 16) / 16
+        assert h["train/tokens_computed"] == pytest.approx(h["train/tokens_samples"] - 14 * prompt)

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from colocate.trainer.batch import TrainBatch, make_batch
 from colocate.trainer.critic import ValueModel
-from colocate.trainer.distributed import broadcast_object, free_port, init_distributed
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 from colocate.trainer.varlen_attention import register_varlen_sdpa
@@ -169,20 +166,6 @@ def test_drift_metric_is_reported(world1, tiny_actor_path):
 WORLD2_BUDGET = 18  # rows of 8-27 tokens: rank 0 packs 3 micro-batches, rank 1 four (one idle on rank 0)
 
 
-def _world2_worker(rank: int, init_method: str, actor_path: str, out: str) -> None:
-    torch.set_num_threads(1)
-    info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method)
-    try:
-        trainer = PPOTrainer(settings_for(actor_path, micro_batch_tokens=WORLD2_BUDGET), info)
-        batch = broadcast_object(ragged_batch(15) if info.is_main else None, info)
-        result = ppo_step(trainer, batch)
-        state = trainer.state_dict()
-        if info.is_main:
-            torch.save({"state": state, "result": result}, out)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.slow
 def test_world_size_two_packed_matches_world_size_one(world1, tiny_actor_path, tmp_path):
     from colocate.trainer.packing import packed_micro_batches
@@ -190,9 +173,10 @@ def test_world_size_two_packed_matches_world_size_one(world1, tiny_actor_path, t
     lengths = ragged_batch(15).attention_mask.sum(-1).tolist()
     real = [sum(1 for mb in packed_micro_batches(lengths, 2, r, WORLD2_BUDGET) if mb) for r in range(2)]
     assert real[0] != real[1]  # the case needs idle micro-batches on one rank
-    out = tmp_path / "world2.pt"
-    mp.spawn(_world2_worker, args=(f"tcp://127.0.0.1:{free_port()}", tiny_actor_path, str(out)), nprocs=2, join=True)
-    two = torch.load(out, weights_only=False)
+    from .test_trainer import world2_step
+
+    two = world2_step(tiny_actor_path, tmp_path / "world2.pt", {"micro_batch_tokens": WORLD2_BUDGET},
+                      ragged_batch(15), settings_for, ppo_step)
     single = PPOTrainer(settings_for(tiny_actor_path), world1)
     one = ppo_step(single, ragged_batch(15))
     for key in ("old", "ref", "values"):

@@ -246,13 +246,23 @@ def test_uneven_batch_is_refused(trainer):
 # ---------------------------------------------------------------- world size 2
 
 
-def _world2_worker(rank: int, init_method: str, actor_path: str, out: str) -> None:
+def world2_step(actor_path: str, out, settings: dict, batch: TrainBatch, make_settings=None, step=None) -> dict:
+    """`step(trainer, batch)` (default `ppo_step`) on 2 spawned ranks, the trainer of
+    `make_settings(actor_path, **settings)` (default `settings_for`), the same `batch` on
+    both -> rank 0's {"state", "result"}."""
+    args = (f"tcp://127.0.0.1:{free_port()}", actor_path, str(out), settings, batch,
+            make_settings or settings_for, step or ppo_step)
+    mp.spawn(_settings_worker, args=args, nprocs=2, join=True)
+    return torch.load(out, weights_only=False)
+
+
+def _settings_worker(rank: int, init_method: str, actor_path: str, out: str, settings: dict, batch,
+                     make_settings, step) -> None:
     torch.set_num_threads(1)
     info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method)
     try:
-        trainer = PPOTrainer(settings_for(actor_path, micro_batch=1), info)
-        batch = broadcast_object(rollout_batch(10) if info.is_main else None, info)
-        result = ppo_step(trainer, batch)
+        trainer = PPOTrainer(make_settings(actor_path, **settings), info)
+        result = step(trainer, batch)
         state = trainer.state_dict()
         if info.is_main:
             torch.save({"state": state, "result": result}, out)
@@ -264,10 +274,7 @@ def _world2_worker(rank: int, init_method: str, actor_path: str, out: str) -> No
 def test_world_size_two_matches_world_size_one(world1, tiny_actor_path, tmp_path):
     """Token-mean over the whole minibatch on both: each rank divides its token sum by the
     minibatch's token count (every rank sees the full batch) and FSDP averages over ranks."""
-    out = tmp_path / "world2.pt"
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_world2_worker, args=(init_method, tiny_actor_path, str(out)), nprocs=2, join=True)
-    two = torch.load(out, weights_only=False)
+    two = world2_step(tiny_actor_path, tmp_path / "world2.pt", {"micro_batch": 1}, rollout_batch(10))
     single = PPOTrainer(settings_for(tiny_actor_path), world1)
     one = ppo_step(single, rollout_batch(10))
     torch.testing.assert_close(two["result"]["old"], one["old"], rtol=0, atol=1e-6)

@@ -154,3 +154,12 @@ def test_the_trl_peer_runs_as_many_rounds_as_a_mode_measures_and_the_report_show
     assert (info["trl_min"], info["trl_max"], info["trl_rounds"]) == (0.5, 4.0, 4)
     assert info["trl_samples_per_s"] == 1.5 and info["median"] == 2.0 / 1.5  # the median of 0.5, 1, 2, 4
     assert "1.500 [0.500–4.000] trained samples/s over 4 updates" in markdown("short", s, info, {})
+
+
+def test_the_report_gives_trainer_tokens_computed_against_the_samples_tokens():
+    recs = [dict(_rec("oppo", 0, 2.0), **{"train/tokens_computed": 400, "train/tokens_samples": 800}),
+            dict(_rec("oppo", 1, 2.0), **{"train/tokens_computed": 600, "train/tokens_samples": 1000})]
+    s = summarize(recs, {}, ["oppo"])
+    assert s["oppo"]["train_tokens"]["computed"]["median"] == 500
+    assert "oppo 500 of 900 sample tokens (0.56x)" in markdown("reasoning", s, None, {})
+    assert "Trainer tokens" not in markdown("reasoning", summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"]), None, {})

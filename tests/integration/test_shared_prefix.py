@@ -1,0 +1,217 @@
+"""Shared-prefix packing (issue 36) gives what n separate rows give: a group's prompt once,
+its responses after it, each attending to the prompt and to itself only. Checked in
+float32 on CPU against the unshared packed rows and the right-padded rows: log-probs,
+entropies, values and every parameter's gradient (plain, LoRA, gradient checkpointing),
+and the trainer's PPO step (grpo and gae, whole and split groups, LoRA, gradient
+checkpointing, 2 ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from colocate.trainer.batch import TrainBatch, make_batch
+from colocate.trainer.critic import ValueModel
+from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
+from colocate.trainer.lora import LoraSettings, add_lora
+from colocate.trainer.packed import pack, prefix_groups, trainer_tokens
+from colocate.trainer.ppo_trainer import PPOTrainer
+from colocate.trainer.varlen_attention import register_varlen_sdpa
+
+from .test_packing import TOL, assert_states_close, settings_for
+
+LORA = LoraSettings(rank=4, alpha=8.0)
+
+
+def group_batch(seed: int, sizes: tuple[int, ...] = (4, 3, 4, 1), version: int = 0) -> TrainBatch:
+    """Groups of `sizes` rows, each group one random prompt (2-9 tokens) and responses of
+    unequal random lengths (1-9 tokens; the first group's last response empty)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(lo: int, hi: int) -> list[int]:
+        n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        return torch.randint(3, 250, (n,), generator=gen).tolist()
+
+    prompts, responses, groups = [], [], []
+    for g, size in enumerate(sizes):
+        prompt = ids(2, 9)
+        for _ in range(size):
+            prompts.append(prompt)
+            responses.append(ids(1, 9))
+            groups.append(g)
+    responses[sizes[0] - 1] = []
+    rows = len(prompts)
+    scores = torch.randn(rows, generator=gen).tolist()
+    behaviour = [(-5.5 + 0.3 * torch.randn(len(r), generator=gen)).tolist() for r in responses]
+    return make_batch(prompts, responses, 0, scores, behaviour, [[version] * len(r) for r in responses],
+                      groups=groups)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(params=["sdpa", "varlen"])
+def attn(request) -> str:
+    return register_varlen_sdpa() if request.param == "varlen" else "sdpa"
+
+
+def test_the_packed_row_holds_each_prompt_once():
+    batch = group_batch(0)
+    shared, separate = pack(batch, share=True), pack(batch)
+    lengths = batch.attention_mask.sum(-1)
+    expected = 0
+    for rows in prefix_groups(batch):
+        prompt = int(batch.response_start[rows[0]])
+        expected += prompt + sum(int(lengths[r]) - prompt for r in rows)
+    assert [len(r) for r in prefix_groups(batch)] == [4, 3, 4, 1]
+    assert shared.tokens == expected < separate.tokens == int(lengths.sum())
+    assert trainer_tokens(batch, True) == (expected, separate.tokens)
+    assert trainer_tokens(batch, False) == (separate.tokens, separate.tokens)
+
+
+def _models(path: str, attn: str, variant: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+    critic = ValueModel.from_pretrained(path, attn_implementation=attn)
+    if variant == "checkpointing":
+        for m in (model, critic.model):
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.train(), critic.train()
+    if variant == "lora":
+        torch.manual_seed(0)
+        model, critic.model = add_lora(model, LORA), add_lora(critic.model, LORA)
+        for m in (model, critic):  # PEFT's B starts at 0: move it so every adapter gets a gradient
+            for name, p in m.named_parameters():
+                if "lora_B" in name:
+                    p.data.normal_(0, 0.02)
+    return model.eval(), critic.eval()
+
+
+def _forward_and_grads(model, critic, batch, mode: str) -> dict:
+    """logp, entropy, values and every parameter's gradient of sum(w1 * logp) + sum(w2 * values)."""
+    for m in (model, critic):
+        m.zero_grad(set_to_none=True)
+    if mode == "padded":
+        logp, entropy = policy_forward(model, batch, 0.7, with_entropy=True)
+        values = value_forward(critic, batch)
+    else:
+        share = mode == "shared"
+        logp, entropy = packed_policy_forward(model, batch, 0.7, with_entropy=True, shared_prefix=share)
+        values = packed_value_forward(critic, batch, shared_prefix=share)
+    w = torch.linspace(-1, 1, logp.numel()).reshape(logp.shape)
+    ((w * logp).sum() + (w.flip(0) * values).sum()).backward()
+    grads = {f"{tag}.{n}": p.grad.clone() for tag, m in (("actor", model), ("critic", critic))
+             for n, p in m.named_parameters() if p.requires_grad}
+    return {"logp": logp.detach(), "entropy": entropy, "values": values.detach(), "grads": grads}
+
+
+@pytest.mark.parametrize("variant", ["plain", "lora", "checkpointing"])
+def test_forwards_and_gradients_equal_separate_rows(tiny_actor_path, attn, variant):
+    model, critic = _models(tiny_actor_path, attn, variant)
+    batch = group_batch(1)
+    runs = {mode: _forward_and_grads(model, critic, batch, mode) for mode in ("shared", "separate", "padded")}
+    for other in ("separate", "padded"):
+        for key in ("logp", "entropy", "values"):
+            torch.testing.assert_close(runs["shared"][key], runs[other][key], **TOL, msg=lambda m: f"{key}: {m}")
+        assert_states_close(runs["shared"]["grads"], runs[other]["grads"])
+    assert all(g.abs().sum() > 0 for g in runs["shared"]["grads"].values())
+
+
+def test_qwen2_forwards_equal_separate_rows(tiny_qwen_path, attn):
+    model, critic = _models(tiny_qwen_path, attn, "plain")
+    batch = group_batch(2)
+    shared, separate = (_forward_and_grads(model, critic, batch, mode) for mode in ("shared", "separate"))
+    for key in ("logp", "entropy", "values"):
+        torch.testing.assert_close(shared[key], separate[key], **TOL)
+    assert_states_close(shared["grads"], separate["grads"])
+
+
+def ppo_step(trainer: PPOTrainer, batch: TrainBatch) -> dict:
+    """old log-probs, reference, values (gae), advantages, train_critic (gae), train_actor."""
+    old, ref = trainer.old_logprobs(batch), trainer.ref_logprobs(batch)
+    values = None if trainer.critic is None else trainer.values(batch)
+    adv, returns, _, _ = trainer.advantages(batch, old, ref, values, kl_coef=0.1)
+    out = {"old": old, "ref": ref, "adv": adv}
+    if values is not None:
+        out |= {"values": values, "critic": trainer.train_critic(batch, values, returns)}
+    out["actor"] = trainer.train_actor(batch, old, adv, current_version=0)
+    return out
+
+
+def _compare_steps(path: str, world1, batch: TrainBatch, **overrides) -> None:
+    """shared_prefix on and off: the same phases' tensors, stats and weights."""
+    results, states = [], []
+    for shared in (True, False):
+        trainer = PPOTrainer(settings_for(path, shared_prefix=shared, **overrides), world1)
+        assert trainer.settings.shares_prefix is shared
+        results.append(ppo_step(trainer, batch))
+        states.append(trainer.state_dict())
+    for key in ("old", "ref", "adv", "values"):
+        if key in results[1]:
+            torch.testing.assert_close(results[0][key], results[1][key], **TOL, msg=lambda m: f"{key}: {m}")
+    for part in ("actor", "critic"):
+        if part in states[1]:
+            assert_states_close(states[0][part]["model"], states[1][part]["model"])
+            for key, value in results[1][part].items():
+                assert results[0][part][key] == pytest.approx(value, rel=1e-4, abs=1e-5), (part, key)
+
+
+@pytest.mark.parametrize("advantage,budget", [("grpo", 4096), ("grpo", 14), ("gae", 40)])
+def test_ppo_step_gives_the_weights_of_separate_rows(world1, tiny_actor_path, advantage, budget):
+    """Budget 4096: every group whole in one micro-batch; 14: groups split into parts, each
+    with the prompt again, over several micro-batches; gae: values and the critic too."""
+    batch = group_batch(3)
+    trainer = PPOTrainer(settings_for(tiny_actor_path, advantage=advantage, micro_batch_tokens=budget), world1)
+    minibatch = batch.select(torch.arange(batch.size))
+    plan = trainer._plan(minibatch)
+    parts = [mb for mb in plan if mb]
+    if budget == 14:  # the first group (5 + its responses > 14 tokens) is in several micro-batches
+        assert sum(1 for mb in parts if set(mb) & {0, 1, 2, 3}) > 1
+    if budget == 4096:
+        assert len(parts) == 1
+    _compare_steps(tiny_actor_path, world1, batch, advantage=advantage, micro_batch_tokens=budget)
+
+
+@pytest.mark.parametrize("variant", ["lora", "checkpointing"])
+def test_ppo_step_with_lora_or_checkpointing_gives_the_weights_of_separate_rows(world1, tiny_actor_path, variant):
+    extra = {"lora": LORA} if variant == "lora" else {"gradient_checkpointing": True}
+    _compare_steps(tiny_actor_path, world1, group_batch(4), advantage="gae", micro_batch_tokens=30, **extra)
+
+
+def test_without_shared_groups_the_trainer_is_unchanged(world1, tiny_actor_path):
+    """Group size 1: shared_prefix on runs exactly the unshared trainer (same bits)."""
+    batch = group_batch(5, sizes=(1,) * 8)
+    outs, states = [], []
+    for shared in (True, False):
+        trainer = PPOTrainer(settings_for(tiny_actor_path, shared_prefix=shared), world1)
+        outs.append(ppo_step(trainer, batch))
+        states.append(trainer.state_dict())
+    for key in ("old", "ref", "values", "adv"):
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    for part in ("actor", "critic"):
+        for name, value in states[0][part]["model"].items():
+            assert torch.equal(value, states[1][part]["model"][name]), name
+
+
+# ---------------------------------------------------------------- world size 2
+
+WORLD2_BUDGET = 20
+
+
+@pytest.mark.slow
+def test_world_size_two_shared_matches_world_size_one_separate(world1, tiny_actor_path, tmp_path):
+    from .test_trainer import world2_step
+
+    two = world2_step(tiny_actor_path, tmp_path / "world2.pt", {"micro_batch_tokens": WORLD2_BUDGET}, group_batch(6),
+                      settings_for, ppo_step)
+    single = PPOTrainer(settings_for(tiny_actor_path, shared_prefix=False), world1)
+    one = ppo_step(single, group_batch(6))
+    for key in ("old", "ref", "values", "adv"):
+        torch.testing.assert_close(two["result"][key], one[key], **TOL)
+    state = single.state_dict()
+    for part in ("actor", "critic"):
+        assert_states_close(state[part]["model"], two["state"][part]["model"])
