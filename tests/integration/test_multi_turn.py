@@ -105,7 +105,9 @@ def test_deferred_mid_turn_resumes_to_the_uninterrupted_trajectory(actor_engine,
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES)).multi_turn()
     full = _uninterrupted(actor_engine, tokenizer, turns)
     part = Sample(1, list(prompt(tokenizer)), 96)
-    cut_at = len(full.output_ids) - 3  # inside the last model turn
+    # inside the last model turn, early enough that the abort lands before its end also on a
+    # busy machine (at len - 3 the last 3 tokens once streamed out before the abort took)
+    cut_at = len(full.output_ids) - (TURN - 1)
 
     async def interrupted():
         async def on_tokens(sample, ids):
