@@ -1,8 +1,9 @@
 """Configuration: small frozen dataclasses per component, YAML files and ``key=value`` overrides.
 
-Owns: every knob of a run with its default, loading a YAML file into the dataclass tree,
-``--set section.field=value`` overrides coerced to the field's type, and one-line
-:class:`~colocate.errors.ConfigError` messages (unknown keys suggest the close match).
+Owns: every knob of a run with its default, loading a YAML file and ``--set
+section.field=value`` overrides into the dataclass tree (``colocate.overrides`` coerces them
+to the fields' types), and the checks of the whole tree (``validate``), each failure one
+:class:`~colocate.errors.ConfigError` line.
 
 Leaves out: what the values do (each component reads its own section).
 """
@@ -10,18 +11,15 @@ Leaves out: what the values do (each component reads its own section).
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from colocate.modes import DEFERRED, MODES, STREAMED
-from colocate.engine.start_checks import check_own_server_args
+from colocate.modes import DEFERRED, STREAMED
 from colocate.errors import ConfigError
-from colocate.faults import parse
+from colocate.config_checks import RULES, validate
+from colocate.overrides import apply_updates, names, parse_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +69,6 @@ class RolloutConfig:
     env_timeout_s: float = 30.0  # one environment call
 
 
-RULES = ("vader", "reasoning-gym", "math")  # reward.rule's names (colocate.rollout.named_rewards)
-
-
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     """The reward: the reward model's score (``kind=model``; ``rule``: none) plus every named
@@ -100,12 +95,12 @@ class RewardConfig:
     @property
     def rules(self) -> tuple[str, ...]:
         """``rule``'s names, in order."""
-        return tuple(x.strip() for x in (self.rule or "").split(",") if x.strip())
+        return names(self.rule or "")
 
     @property
     def fn_names(self) -> tuple[str, ...]:
         """``fns``'s entries, in order."""
-        return tuple(x.strip() for x in self.fns.split(",") if x.strip())
+        return names(self.fns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +220,7 @@ class OverlapConfig:
         """The modes a step may run: ``mode`` itself, or auto's candidates."""
         if self.mode != "auto":
             return (self.mode,)
-        return tuple(m.strip() for m in self.auto_modes.split(",") if m.strip())
+        return names(self.auto_modes)
 
     @property
     def streamed(self) -> bool:
@@ -239,7 +234,7 @@ class OverlapConfig:
 
     @property
     def candidates(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.chunk_candidates.split(",") if x.strip())
+        return tuple(int(x) for x in names(self.chunk_candidates))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,111 +278,6 @@ class Config:
     run: RunConfig = RunConfig()
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """``value`` converted to ``annotation`` (str → int/float/bool where needed)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: {value!r} is not a {annotation}")
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
-        return value
-    return _coerce_scalar(value, annotation, key)
-
-
-def _coerce_scalar(value: Any, annotation: Any, key: str) -> Any:
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if annotation in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        try:
-            num = annotation(value) if annotation is float or isinstance(value, (int, str)) else None
-        except (TypeError, ValueError):
-            num = None
-        if num is None or (annotation is int and isinstance(value, float) and value != int(value)):
-            raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")
-        return num
-    if annotation is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def _unknown(key: str, known: list[str]) -> ConfigError:
-    prefix, _, leaf = key.rpartition(".")
-    close = difflib.get_close_matches(leaf, known, n=1)
-    where = f"{prefix}." if prefix else ""
-    hint = f"; did you mean '{where}{close[0]}'?" if close else f"; known: {', '.join(known)}"
-    return ConfigError(f"unknown config key '{key}'{hint}")
-
-
-def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> Any:
-    if not isinstance(updates, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {updates!r}")
-    hints = typing.get_type_hints(type(obj))
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    changes = {}
-    for name, value in updates.items():
-        key = f"{prefix}{name}"
-        if name not in fields:
-            raise _unknown(key, list(fields))
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            changes[name] = _apply(current, value, f"{key}.")
-        elif typing.get_origin(hints[name]) is dict:
-            changes[name] = _merge(current, value, key)
-        else:
-            changes[name] = _coerce(value, hints[name], key)
-    return dataclasses.replace(obj, **changes)
-
-
-def _merge(current: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
-    """A mapping field: ``value``'s entries over ``current``'s (a YAML mapping, several ``--set key.name=...``)."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a mapping (e.g. --set {key}.<name>=<value>), got {value!r}")
-    bad = [k for k in value if not isinstance(k, str)]
-    if bad:
-        raise ConfigError(f"{key}: names must be strings, got {bad[0]!r}")
-    return {**current, **value}
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """``["ppo.epochs=2", "run.steps=5"]`` → nested dict of strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set {pair!r}: expected section.field=value")
-        key, value = pair.split("=", 1)
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        parsed = yaml.safe_load(value) if value.strip() else ""
-        old = node.get(parts[-1])  # a mapping given twice (engines.sglang) merges, left to right
-        node[parts[-1]] = {**old, **parsed} if isinstance(old, dict) and isinstance(parsed, dict) else parsed
-    return out
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] = (), base: Config | None = None) -> Config:
     """Defaults (or ``base``: e.g. a resumed run's config), then the YAML file, then ``overrides``; validated."""
     cfg = base if base is not None else Config()
@@ -401,101 +291,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
-        cfg = _apply(cfg, data)
-    cfg = _apply(cfg, parse_overrides(list(overrides)))
+        cfg = apply_updates(cfg, data)
+    cfg = apply_updates(cfg, parse_overrides(list(overrides)))
     validate(cfg)
     return cfg
-
-
-def validate(cfg: Config) -> None:
-    """Cross-field checks with one-line messages."""
-    checks = [
-        (cfg.rollout.batch_size >= 1, "rollout.batch_size must be >= 1"),
-        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
-        (cfg.ppo.minibatches >= 1, "ppo.minibatches must be >= 1"),
-        (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
-         f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
-        (cfg.run.steps >= 0, "run.steps must be >= 0"),
-        (cfg.run.dist_timeout_minutes > 0, "run.dist_timeout_minutes must be > 0"),
-        (cfg.run.log_samples >= -1, "run.log_samples must be >= -1 (-1: every sample, 0: none)"),
-        (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
-         "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
-        (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
-        (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
-        (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
-        (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
-        (cfg.reward.kind != "rule" or cfg.reward.rules or cfg.reward.fn_names,
-         f"reward.kind=rule (no reward model) needs reward.rule (a comma list of {', '.join(RULES)}) "
-         "or reward.fns (package.module:fn)"),
-        (cfg.overlap.mode != "auto" or (cfg.overlap.modes and set(cfg.overlap.modes) <= set(MODES)),
-         f"overlap.auto_modes: {cfg.overlap.auto_modes!r} must be a comma list of {', '.join(MODES)}"),
-        (cfg.overlap.auto_trials >= 1 and cfg.overlap.auto_explore_every >= 1 and 0 <= cfg.overlap.auto_margin < 1,
-         "overlap: need auto_trials >= 1, auto_explore_every >= 1 and 0 <= auto_margin < 1"),
-        (not cfg.overlap.streamed or cfg.reward.kind == "model",
-         f"overlap.mode={cfg.overlap.mode} streams tokens to the reward model as they are generated; "
-         + ("with reward.kind=rule set overlap.auto_modes=sequential,inter" if cfg.overlap.mode == "auto"
-            else "with reward.kind=rule use overlap.mode=inter (or sequential)")),
-        (cfg.overlap.chunk_size >= 0 and all(c > 0 for c in _safe_candidates(cfg.overlap.chunk_candidates)),
-         "overlap.chunk_size must be >= 0 and overlap.chunk_candidates positive integers like 16,32,64"),
-        (0 <= cfg.overlap.delta_min <= cfg.overlap.delta_init <= cfg.overlap.delta_max,
-         "overlap: need 0 <= delta_min <= delta_init <= delta_max"),
-        (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
-         "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
-        (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
-        (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
-        (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
-        (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
-        (cfg.rollout.batch_size % cfg.rollout.group_size == 0,
-         f"rollout.batch_size {cfg.rollout.batch_size} must be a multiple of rollout.group_size "
-         f"{cfg.rollout.group_size} (it counts trained samples: batch_size / group_size groups)"),
-        (cfg.ppo.advantage not in ("grpo", "rloo") or cfg.rollout.group_size > 1,
-         f"ppo.advantage={cfg.ppo.advantage} needs rollout.group_size >= 2 (its baseline is the other "
-         "samples of the same prompt)"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    _check_data(cfg.data)
-    _check_rules(cfg.reward)
-    from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
-
-    LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
-    # engines.sglang without SGLang: none colocate sets itself, no mapping values (names and
-    # types are checked against SGLang's ServerArgs when an engine starts)
-    check_own_server_args(cfg.engines.sglang)
-    if cfg.run.fault_at:
-        parse(cfg.run.fault_at)  # one line naming run.fault_at
-
-
-def _check_data(data: DataConfig) -> None:
-    """The dataset fields: set, and only for a dataset source (the built-in ones have no columns)."""
-    for name in ("source", "split", "prompt_key"):
-        if not getattr(data, name).strip():
-            raise ConfigError(f"data.{name} must not be empty (default: {getattr(DataConfig, name)!r})")
-    if data.source == "sentiment-prompts" or data.source.startswith("reasoning-gym:"):
-        for name in ("split", "prompt_key", "answer_key"):
-            if getattr(data, name) != getattr(DataConfig, name):
-                raise ConfigError(f"data.{name} applies to a dataset (hf:<name>, a folder or a .jsonl/.json/.parquet/"
-                                  f".csv file), not to data.source={data.source}; leave it unset")
-
-
-def _check_rules(reward: RewardConfig) -> None:
-    """``reward.rule``: known names, each once."""
-    for i, name in enumerate(reward.rules):
-        if name not in RULES:
-            close = difflib.get_close_matches(name, RULES, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"reward.rule: unknown rule {name!r}; {hint}the rules: {', '.join(RULES)} "
-                              "(a comma list; their scores are summed)")
-        if name in reward.rules[:i]:
-            raise ConfigError(f"reward.rule: {name!r} is named twice")
-
-
-def _safe_candidates(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()] or [0]
-    except ValueError:
-        return [0]
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -504,7 +303,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> Config:
     """The inverse of :func:`to_dict` (a run's ``config.json``); missing keys keep their defaults."""
-    return _apply(Config(), data)
+    return apply_updates(Config(), data)
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -9,7 +9,7 @@ failure is one :class:`ConfigError` line naming the field and the entry.
 Leaves out: the error policy and calling convention (``colocate.rollout.reward_fns``),
 summing the reward (``colocate.rollout.scoring``), the rules themselves
 (``colocate.assets.tasks``, ``colocate.assets.math_rule``), which names are valid
-(``colocate.config.RULES``, checked by ``validate``).
+(``colocate.config_checks.RULES``, checked by ``validate``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import inspect
 
 from colocate.assets import tasks
 from colocate.assets.math_rule import math_reward
-from colocate.config import RULES, RewardConfig
+from colocate.config import RewardConfig
+from colocate.config_checks import RULES
 from colocate.errors import ConfigError
 from colocate.rollout.by_name import load_attribute
 from colocate.rollout.reward_fns import RewardFn, fn_name, wants_messages
@@ -34,7 +35,7 @@ def named_reward_fns(reward: RewardConfig, source: str) -> list[RewardFn]:
 
 
 def rule_fn(name: str, source: str) -> RewardFn:
-    """The rule ``name`` (one of ``colocate.config.RULES``)."""
+    """The rule ``name`` (one of ``colocate.config_checks.RULES``)."""
     if name == "vader":
         return tasks.sentiment_reward
     if name == "math":

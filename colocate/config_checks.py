@@ -1,0 +1,113 @@
+"""The checks of a whole config: values valid on their own and together.
+
+Owns: :func:`validate` (run by ``colocate.config.load_config``, so also by
+``--print-config``; call it again after ``dataclasses.replace``): each failure one
+:class:`~colocate.errors.ConfigError` line naming the fields and the fix; :data:`RULES`,
+the names ``reward.rule`` takes. Leaves out: the fields and their defaults
+(``colocate.config``), what needs a model or an engine to check (the run's start:
+``colocate.run.builder``, ``engine.start_checks``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from colocate.engine.start_checks import check_own_server_args
+from colocate.errors import ConfigError
+from colocate.faults import parse
+from colocate.modes import MODES
+from colocate.overrides import names
+
+RULES = ("vader", "reasoning-gym", "math")  # reward.rule's names (colocate.rollout.named_rewards)
+
+
+def validate(cfg: Any) -> None:  # a colocate.config.Config
+    """Cross-field checks with one-line messages."""
+    checks = [
+        (cfg.rollout.batch_size >= 1, "rollout.batch_size must be >= 1"),
+        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
+        (cfg.ppo.minibatches >= 1, "ppo.minibatches must be >= 1"),
+        (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
+         f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
+        (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (cfg.run.dist_timeout_minutes > 0, "run.dist_timeout_minutes must be > 0"),
+        (cfg.run.log_samples >= -1, "run.log_samples must be >= -1 (-1: every sample, 0: none)"),
+        (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
+         "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
+        (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
+        (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
+        (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
+        (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
+        (cfg.reward.kind != "rule" or cfg.reward.rules or cfg.reward.fn_names,
+         f"reward.kind=rule (no reward model) needs reward.rule (a comma list of {', '.join(RULES)}) "
+         "or reward.fns (package.module:fn)"),
+        (cfg.overlap.mode != "auto" or (cfg.overlap.modes and set(cfg.overlap.modes) <= set(MODES)),
+         f"overlap.auto_modes: {cfg.overlap.auto_modes!r} must be a comma list of {', '.join(MODES)}"),
+        (cfg.overlap.auto_trials >= 1 and cfg.overlap.auto_explore_every >= 1 and 0 <= cfg.overlap.auto_margin < 1,
+         "overlap: need auto_trials >= 1, auto_explore_every >= 1 and 0 <= auto_margin < 1"),
+        (not cfg.overlap.streamed or cfg.reward.kind == "model",
+         f"overlap.mode={cfg.overlap.mode} streams tokens to the reward model as they are generated; "
+         + ("with reward.kind=rule set overlap.auto_modes=sequential,inter" if cfg.overlap.mode == "auto"
+            else "with reward.kind=rule use overlap.mode=inter (or sequential)")),
+        (cfg.overlap.chunk_size >= 0 and all(c > 0 for c in _safe_candidates(cfg.overlap.chunk_candidates)),
+         "overlap.chunk_size must be >= 0 and overlap.chunk_candidates positive integers like 16,32,64"),
+        (0 <= cfg.overlap.delta_min <= cfg.overlap.delta_init <= cfg.overlap.delta_max,
+         "overlap: need 0 <= delta_min <= delta_init <= delta_max"),
+        (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
+         "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
+        (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
+        (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
+        (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
+        (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.rollout.batch_size % cfg.rollout.group_size == 0,
+         f"rollout.batch_size {cfg.rollout.batch_size} must be a multiple of rollout.group_size "
+         f"{cfg.rollout.group_size} (it counts trained samples: batch_size / group_size groups)"),
+        (cfg.ppo.advantage not in ("grpo", "rloo") or cfg.rollout.group_size > 1,
+         f"ppo.advantage={cfg.ppo.advantage} needs rollout.group_size >= 2 (its baseline is the other "
+         "samples of the same prompt)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    _check_data(cfg.data)
+    _check_rules(cfg.reward)
+    from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
+
+    LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
+    # engines.sglang without SGLang: none colocate sets itself, no mapping values (names and
+    # types are checked against SGLang's ServerArgs when an engine starts)
+    check_own_server_args(cfg.engines.sglang)
+    if cfg.run.fault_at:
+        parse(cfg.run.fault_at)  # one line naming run.fault_at
+
+
+def _check_data(data: Any) -> None:  # a colocate.config.DataConfig
+    """The dataset fields: set, and only for a dataset source (the built-in ones have no columns)."""
+    for name in ("source", "split", "prompt_key"):
+        if not getattr(data, name).strip():
+            raise ConfigError(f"data.{name} must not be empty (default: {getattr(type(data), name)!r})")
+    if data.source == "sentiment-prompts" or data.source.startswith("reasoning-gym:"):
+        for name in ("split", "prompt_key", "answer_key"):
+            if getattr(data, name) != getattr(type(data), name):
+                raise ConfigError(f"data.{name} applies to a dataset (hf:<name>, a folder or a .jsonl/.json/.parquet/"
+                                  f".csv file), not to data.source={data.source}; leave it unset")
+
+
+def _check_rules(reward: Any) -> None:  # a colocate.config.RewardConfig
+    """``reward.rule``: known names, each once."""
+    for i, name in enumerate(reward.rules):
+        close = difflib.get_close_matches(name, RULES, n=1)
+        if name not in RULES:
+            raise ConfigError(f"reward.rule: unknown rule {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}"
+                              f"the rules: {', '.join(RULES)} (a comma list; their scores are summed)")
+        if name in reward.rules[:i]:
+            raise ConfigError(f"reward.rule: {name!r} is named twice")
+
+
+def _safe_candidates(text: str) -> list[int]:
+    try:
+        return [int(x) for x in names(text)] or [0]
+    except ValueError:
+        return [0]
