@@ -30,7 +30,7 @@ from typing import Any
 
 import vader
 
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, cause_line
 
 FIELD = "data.source"
 SENTIMENT_SOURCE = "sentiment-prompts"
@@ -172,9 +172,14 @@ def _dataset(spec: str, split: str) -> Any:  # a datasets.Dataset
                                                           split="train"))
     else:
         raise ConfigError(f"{FIELD}: no such folder {spec}")
+    _one_table(spec, split)
+    return one
+
+
+def _one_table(spec: str, split: str) -> None:
+    """A file (or a saved single table) has no splits: ``data.split`` must be left unset."""
     if split != "train":
         raise ConfigError(f"data.split {split!r}: {spec} holds one table, not splits; leave data.split unset")
-    return one
 
 
 def _loaded(spec: str, load: Callable[[], Any], hint: str = "") -> Any:
@@ -183,8 +188,7 @@ def _loaded(spec: str, load: Callable[[], Any], hint: str = "") -> Any:
     try:
         return load()
     except Exception as exc:  # noqa: BLE001 - any failure deep inside datasets becomes one line
-        lines = str(exc).strip().splitlines()
-        why = lines[0][:300] if lines else type(exc).__name__
+        why = cause_line(exc, 300) or type(exc).__name__
         raise ConfigError(f"{FIELD}: cannot load {spec}: {why}{hint}") from None
 
 
@@ -244,8 +248,7 @@ def load_prompt_source(spec: str, n: int | None = None, seed: int = 0, *, split:
     elif spec.startswith(REASONING_GYM_PREFIX):
         prompts = reasoning_gym_prompts(spec.removeprefix(REASONING_GYM_PREFIX), n, seed)
     elif spec.lower().endswith(".jsonl"):
-        if split != "train":
-            raise ConfigError(f"data.split {split!r}: {spec} holds one table, not splits; leave data.split unset")
+        _one_table(spec, split)
         prompts = jsonl_prompts(spec, n, seed, prompt_key=prompt_key, answer_key=answer_key)
     elif spec.startswith(HF_PREFIX) or Path(spec).expanduser().is_dir() or Path(spec).suffix.lower() in DATASET_FILES:
         prompts = dataset_prompts(spec, n, seed, split=split, prompt_key=prompt_key, answer_key=answer_key)

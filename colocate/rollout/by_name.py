@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, first_line
 
 FORMS = "package.module:attr or path/file.py:attr"
 
@@ -43,12 +43,6 @@ def load_attribute(spec: str, field: str, what: str) -> Any:
         except AttributeError:
             raise ConfigError(f"{field}={name}: module {source!r} has no attribute {attr!r}; {what}") from None
     return obj
-
-
-def first_line(exc: BaseException) -> str:
-    """``exc`` as "Type: its first line" (one line, whatever its message holds)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _module(source: str, field: str, name: str) -> ModuleType:

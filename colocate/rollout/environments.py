@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from colocate.errors import ConfigError
-from colocate.rollout.by_name import first_line, load_attribute
+from colocate.errors import ConfigError, first_line
+from colocate.rollout.by_name import load_attribute
 from colocate.rollout.calculator import CalculatorEnv
 from colocate.rollout.env import Environment
 from colocate.rollout.scripted_env import ScriptedEnv

@@ -26,7 +26,7 @@ import inspect
 import math
 from typing import Any, Callable, Literal, Sequence
 
-from colocate.errors import ColocateError
+from colocate.errors import ColocateError, cause_line
 
 RewardFn = Callable[..., Any]  # (prompt record, model text[, messages=...]) -> float
 Messages = Sequence[dict[str, str]]
@@ -96,8 +96,7 @@ class Guarded:
         try:
             value = await call(self.fn, record, text, messages, self.asks)
         except Exception as exc:  # noqa: BLE001 - the policy decides; nothing is swallowed silently
-            cause = (str(exc).strip().splitlines() or [""])[0][:200]
-            return self._failed(f"raised {type(exc).__name__}: {cause}", sample, exc)
+            return self._failed(f"raised {type(exc).__name__}: {cause_line(exc)}", sample, exc)
         x = number(value)
         return x if isinstance(x, float) else self._failed(x, sample, None)
 

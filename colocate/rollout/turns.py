@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Literal, Sequence
 
 from colocate.assets.tasks import holds_special, plain_ids, text_ids
 from colocate.engine.rollout import MultiTurn, Sample, TurnReply
-from colocate.errors import ColocateError
+from colocate.errors import ColocateError, cause_line
 from colocate.rollout.env import Environment, Observation
 from colocate.rollout.reward_fns import RewardFnErrors
 
@@ -218,8 +218,7 @@ class EnvTurns:
         except asyncio.TimeoutError:
             raise _Failure(f"did not answer within {self.timeout_s:g} s (rollout.env_timeout_s)") from None
         except Exception as exc:  # noqa: BLE001 - the policy decides; nothing is swallowed silently
-            cause = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise _Failure(f"raised {type(exc).__name__}: {cause}") from exc
+            raise _Failure(f"raised {type(exc).__name__}: {cause_line(exc)}") from exc
 
 
 class _Failure(Exception):

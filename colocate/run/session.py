@@ -32,7 +32,7 @@ from colocate.config import Config
 from colocate.engine.rollout import Sample
 from colocate.engine.runtime import SglangEngine
 from colocate.engine.timeline import Timeline, mark
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, cause_line
 from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
 from colocate.run.prompt_stream import PromptStream
@@ -68,7 +68,7 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list
             ids = chat_prompt_ids(tokenizer, prompt.chat)
         except TemplateError as exc:  # e.g. a template without a system turn, or strict user/assistant turns
             roles = ", ".join(m["role"] for m in prompt.messages) or "user"
-            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            why = cause_line(exc, 300) or type(exc).__name__
             raise ConfigError(f"data: prompt {i} (roles {roles}): the actor's chat template refuses it ({why}); "
                               "fix data.prompt_key's messages or use a model whose template takes them") from None
         if len(ids) > max_tokens:
