@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+from colocate.errors import ConfigError
 
 TRAIN_FILE, EVAL_FILE = "samples.jsonl", "eval_samples.jsonl"
 
@@ -68,8 +71,6 @@ def append(path: Path, new: Iterable[dict[str, Any]]) -> None:
 def read(run_dir: str | Path, step: int | None = None, evaluation: bool = False) -> list[dict[str, Any]]:
     """Rows of ``samples.jsonl`` (or ``eval_samples.jsonl``) of a run folder, of one step or
     all; a missing file is a one-line error naming it and ``run.log_samples``."""
-    from colocate.errors import ConfigError
-
     path = Path(run_dir) / (EVAL_FILE if evaluation else TRAIN_FILE)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; runs write it with run.log_samples != 0"
@@ -109,8 +110,6 @@ def _parts(parts: dict[str, float]) -> str:
 def show(found: Sequence[dict[str, Any]], width: int = 80, echo: Callable[[str], None] = print,
          rich: bool | None = None) -> None:
     """Print rows readably: a rich table in a terminal (``rich``), else one block per row."""
-    import sys
-
     if rich is None:
         rich = sys.stdout.isatty()
     if rich:

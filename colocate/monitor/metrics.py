@@ -17,6 +17,8 @@ from typing import Any, Iterator, Sequence
 
 import psutil
 
+from colocate.monitor import completions
+
 
 class PhaseTimer:
     """Accumulates seconds per phase name; ``with timer("generate"): ...``."""
@@ -71,8 +73,6 @@ class MetricsLog:
         ``eval_samples.jsonl``), a text table in TensorBoard and a table in W&B."""
         if not self.enabled or not rows:
             return
-        from colocate.monitor import completions
-
         completions.append(self.path.parent / (completions.EVAL_FILE if evaluation else completions.TRAIN_FILE), rows)
         name = "eval_samples" if evaluation else "samples"
         if self._tb is not None:

@@ -12,6 +12,7 @@ Leaves out: the step (``colocate.run.loop``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 from pathlib import Path
@@ -42,7 +43,7 @@ from colocate.rollout.named_rewards import named_reward_fns
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.rollouts import Rollouts
 from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
-from colocate.run.session import RunState, Session, stop_ids, tokenize_prompts
+from colocate.run.session import RunState, Session, decode_text, stop_ids, tokenize_prompts
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
@@ -189,7 +190,7 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
     engine from ``reward_cfg``; with ``env`` multi-turn trajectories (``rollout.max_turns``,
     ``turn_tokens``, ``env_timeout_s``; ``reward.on_error`` for its failures).
     ``colocate train`` and the bench (``Session.restart``) build it here."""
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    decode = functools.partial(decode_text, tokenizer)
     turns = None
     if env is not None:
         r = cfg.rollout

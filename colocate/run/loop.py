@@ -167,8 +167,9 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             rec = _failing_like_a_step(s, lambda: step(s, samples), saved_at)
             history.append(rec)
             log.write(rec)
-            log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, version,
-                                                            s.cfg.run.log_samples))
+            if s.is_main:  # what the model wrote: decoded on the rank that writes it only
+                log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, version,
+                                                                s.cfg.run.log_samples))
             if s.timeline is not None:
                 log.write_timeline(s.timeline.take())
             for cb in callbacks:

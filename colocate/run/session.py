@@ -79,6 +79,11 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list
     return out
 
 
+def decode_text(tokenizer, ids: Sequence[int]) -> str:
+    """Text of token ids, special tokens left out (what reward functions read)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
 def stop_ids(tokenizer) -> list[int]:
     """Token ids that end a response: the tokenizer's EOS and pad."""
     return [t for t in {tokenizer.eos_token_id, tokenizer.pad_token_id} if t is not None]
@@ -141,8 +146,8 @@ class Session:
         return stop_ids(self.tokenizer)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of token ids, special tokens left out (what reward functions read)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """Text of token ids, special tokens left out (`decode_text`)."""
+        return decode_text(self.tokenizer, ids)
 
     def begin_step(self) -> None:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
