@@ -32,7 +32,7 @@ import dataclasses
 import torch
 
 from .batch import TrainBatch, response_positions
-from .packing import unit_tokens
+from .packing import Plan, shared_units, unit_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,9 +178,19 @@ def trainer_tokens(batch: TrainBatch, shared_prefix: bool, budget: int | None = 
     forward runs (shared prefixes: each group's prompt once, once per part when a group is
     split over micro-batches of `budget` tokens), and every row's prompt + response."""
     segments = prefix_groups(batch) if shared_prefix else [[b] for b in range(batch.size)]
+    return unit_tokens(segments, *_row_tokens(batch), budget)
+
+
+def shared_plan_units(batch: TrainBatch, budget: int) -> tuple[Plan, list[int]]:
+    """(units, their tokens) of `batch` for a shared-prefix plan (`packing.shared_units`):
+    each group sharing a prompt whole, or in parts of at most `budget` tokens."""
+    return shared_units(prefix_groups(batch), *_row_tokens(batch), budget)
+
+
+def _row_tokens(batch: TrainBatch) -> tuple[list[int], list[int]]:
+    """(prompt tokens, response tokens) of each row."""
     prompts = batch.response_start.tolist()
-    responses = [n - p for n, p in zip(batch.attention_mask.sum(-1).tolist(), prompts)]
-    return unit_tokens(segments, prompts, responses, budget)
+    return prompts, [n - p for n, p in zip(batch.attention_mask.sum(-1).tolist(), prompts)]
 
 
 def unpack(flat: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -58,8 +58,8 @@ from .lora import BASE_WEIGHT, adapted_weight, add_lora, is_lora, merged_weights
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
-from .packed import prefix_groups, trainer_tokens
-from .packing import Plan, packed_micro_batches, row_micro_batches, shared_units, unit_micro_batches
+from .packed import shared_plan_units, trainer_tokens
+from .packing import Plan, packed_micro_batches, row_micro_batches, unit_micro_batches
 from .rollout_logp import drift_terms, on_policy_mask, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
 from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
@@ -180,9 +180,7 @@ class PPOTrainer:
         """This rank's micro-batches of `batch` (row indices; [] for an idle one)."""
         s, d = self.settings, self.dist
         if s.shares_prefix:  # a group sharing a prompt stays whole, or splits into parts with the prompt each
-            prompts = batch.response_start.tolist()
-            responses = [n - p for n, p in zip(batch.attention_mask.sum(-1).tolist(), prompts)]
-            units, tokens = shared_units(prefix_groups(batch), prompts, responses, s.token_budget)
+            units, tokens = shared_plan_units(batch, s.token_budget)
             return unit_micro_batches(units, tokens, d.world_size, d.rank, s.token_budget)
         if s.packing:
             lengths = batch.attention_mask.sum(-1).tolist()  # prompt + response tokens per row
