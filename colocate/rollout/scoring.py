@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from typing import Any, Awaitable, Callable, Sequence
 
 from colocate.engine import reward as rm
@@ -29,18 +30,18 @@ from colocate.rollout.turns import history
 WholeScores = Callable[[int, Sequence[tuple[Sequence[int], Sequence[int]]], Sequence[int]], Awaitable[list[float]]]
 
 
-def model_text(sample: Sample, decode: Callable[[list[int]], str]) -> str:
-    """What reward functions score: the response, or a trajectory's model turns joined by a
-    newline (the environment's answers left out: ``colocate.rollout.reward_fns``)."""
+def model_text(sample: Sample, decode: Callable[[list[int]], str], messages: Callable[[], list]) -> str:
+    """What reward functions score: the response, or a trajectory's model turns (of
+    ``messages()``, its chat messages) joined by a newline: the environment's answers left
+    out (``colocate.rollout.reward_fns``)."""
     if not sample.loss_mask:
         return decode(sample.output_ids)
-    return "\n".join(m["content"] for m in history(sample, decode) if m["role"] == "assistant")
+    return "\n".join(m["content"] for m in messages() if m["role"] == "assistant")
 
 
-async def call_reward_fn(fn: RewardFn, sample: Sample, text: str, decode) -> float:
+async def call_reward_fn(fn: RewardFn, sample: Sample, text: str, messages: Callable[[], list]) -> float:
     """``fn``'s value on ``sample``: a :class:`Guarded` function applies ``reward.on_error``
     and names the sample; a bare one (tests, the API's own wrappers) is taken as a float."""
-    messages = lambda: history(sample, decode)  # noqa: E731 - built only for a function that asks
     if isinstance(fn, Guarded):
         return await fn(sample.record, text, messages, sample.index)
     return float(await reward_fns.call(fn, sample.record, text, messages, reward_fns.wants_messages(fn)))
@@ -78,10 +79,11 @@ class Scorer:
         multi-turn trajectory's environment rewards."""
         parts = {"model": model_score, "env": sample.env_reward}
         if self.fns:
-            text = model_text(sample, self.decode)
+            messages = functools.cache(lambda: history(sample, self.decode))  # decoded once, if read
+            text = model_text(sample, self.decode, messages)
             for fn in self.fns:
                 name = fn_name(fn).rsplit(".", 1)[-1]  # "offset", not "test_x.<locals>.offset"
-                parts[_unique(parts, name)] = await call_reward_fn(fn, sample, text, self.decode)
+                parts[_unique(parts, name)] = await call_reward_fn(fn, sample, text, messages)
         sample.reward_parts = {name: value * self.scale for name, value in parts.items()}  # samples.jsonl
         return sum(parts.values()) * self.scale
 
