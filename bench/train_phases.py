@@ -191,6 +191,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         else:
             rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device)
         rec["warmup"] = i < opts.warmup
+        rec["tokens_computed"], rec["tokens_samples"] = trainer.pass_tokens(batch)  # one pass's tokens
         steps.append(rec)
         if dist.is_main:
             total = sum(rec["seconds"].values())
@@ -212,6 +213,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         "train_state_mb": trainer.state_mb(), "sync_mparams": trainer.sync_numel() / 1e6,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "lora": dataclasses.asdict(cfg.lora), "gradient_checkpointing": cfg.ppo.gradient_checkpointing,
+        "attention": trainer.settings.attn_implementation, "shared_prefix": trainer.settings.shares_prefix,
     }
 
 
@@ -237,7 +239,11 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"LoRA {'rank ' + str(lora['rank']) + ' on ' + lora['target_modules'] if lora['rank'] else 'off'}, "
               f"gradient checkpointing {'on' if result['gradient_checkpointing'] else 'off'}: training state "
               f"{result['train_state_mb']:.0f} MiB, {result['sync_mparams']:.1f} M parameters pushed per sync, "
-              f"peak resident memory {result['peak_rss_gib']:.2f} GiB (the process, build included)"]
+              f"peak resident memory {result['peak_rss_gib']:.2f} GiB (the process, build included)",
+              "", f"attention {result['attention']}, shared prefix {'on' if result['shared_prefix'] else 'off'}: "
+              f"{sum(s['tokens_computed'] for s in result['steps']) / len(result['steps']):.0f} tokens per pass "
+              f"computed for {sum(s['tokens_samples'] for s in result['steps']) / len(result['steps']):.0f} "
+              f"sample tokens (mean over steps)"]
     last = result["steps"][-1]
     before, after = last["memory_before_offload"], last["memory_after_offload"]
     if before:

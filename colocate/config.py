@@ -135,6 +135,10 @@ class PPOConfig:
     # recompute activations layer by layer in backward (verl's enable_gradient_checkpointing,
     # OpenRLHF's --gradient_checkpointing): less trainer memory for one more forward per pass
     gradient_checkpointing: bool = False
+    # the trainer models' attention (transformers' attn_implementation; verl's override_config
+    # attn_implementation): auto (flash_attention_2 on CUDA in half precision when installed,
+    # else sdpa), sdpa (per packed sequence), flex_attention (CUDA: one BlockMask kernel per layer)
+    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,11 @@ def policy_forward(
     return logp, entropy
 
 
+def attention_of(model: nn.Module) -> str | None:
+    """The transformers attention implementation `model` runs (its config's), or None."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
 def _takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether the HF causal LM's forward takes `logits_to_keep` (transformers >= 4.45 models)."""
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
@@ -77,7 +82,7 @@ def packed_policy_forward(
     """
     packed = pack(batch, share=shared_prefix)
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                  **packed.attention_kwargs())
+                  **packed.attention_kwargs(attention_of(model)))
     if _takes_logits_to_keep(model):
         logits = model(**inputs, logits_to_keep=packed.keep).logits[0]  # [n, V]
     else:
@@ -97,7 +102,8 @@ def packed_value_forward(critic: nn.Module, batch: TrainBatch, shared_prefix: bo
     """`value_forward` over one packed row: values [b, T] (0 on padding). `shared_prefix`:
     rows sharing a prompt carry it once (`pack`)."""
     packed = pack(batch, share=shared_prefix)
-    values = critic(packed.input_ids, position_ids=packed.position_ids, **packed.attention_kwargs())  # [1, N]
+    values = critic(packed.input_ids, position_ids=packed.position_ids,
+                    **packed.attention_kwargs(attention_of(critic)))  # [1, N]
     return unpack(values[0, packed.keep], packed)  # [b, T]
 
 

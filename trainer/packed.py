@@ -8,21 +8,22 @@ uses; `idle_batch`, a one-token row without response tokens for the idle micro-b
 `trainer/packing.py`. Shared prefixes (`pack(batch, share=True)`, issue 36): rows of one
 group with equal prompts (`prefix_groups`) become one segment, the prompt once and then
 each response with positions continuing from the prompt's end, every response attending
-to the prompt and to itself only (`shared_prefix_mask`); `trainer_tokens` counts what
+to the prompt and to itself only (`visible`); `trainer_tokens` counts what
 that saves.
 
-Leaves out: models. Sequence boundaries reach attention in two ways: as `cu_seq_lens`
+Leaves out: models. Sequence boundaries reach attention in three ways: as `cu_seq_lens`
 (`PackedRows.attention_kwargs`, taken by flash-attention 2 and `trainer/varlen_attention.py`,
-which attend within each sequence only), and through position ids that restart, from
-which transformers (5.x, `masking_utils.find_packed_sequence_indices`, with no attention
-mask and no KV cache) builds a block-diagonal causal mask for sdpa/eager/flex. Rotary embeddings see the same positions as
-in the right-padded row, so every result equals the padded path's up to float rounding.
-A shared-prefix row's mask is not block-diagonal: it goes to the model as a [1, 1, N, N]
-bool `attention_mask`, which transformers (5.x, `masking_utils._preprocess_mask_arguments`)
-passes to sdpa as given, plus its segment boundaries for `trainer/varlen_attention.py`
-(sdpa per segment with the segment's slice of the mask). Exact on CPU; flash-attention 2
-cannot take the mask (the trainer does not share there, `TrainerSettings.shares_prefix`):
-on CUDA flex attention with a BlockMask or a shared-prefix varlen kernel would (untested).
+which attend within each sequence only); as a flex attention BlockMask of `visible` (each
+token's segment and part), one kernel per layer over the whole row; and through position
+ids that restart, from which transformers (5.x, `masking_utils.find_packed_sequence_indices`,
+with no attention mask and no KV cache) builds a block-diagonal causal mask for sdpa/eager.
+Rotary embeddings see the same positions as in the right-padded row, so every result
+equals the padded path's up to float rounding. A shared-prefix row's mask is not
+block-diagonal: it goes to the model as a [1, 1, N, N] bool `attention_mask`, which
+transformers (5.x, `masking_utils._preprocess_mask_arguments`) passes to sdpa as given,
+plus its segment boundaries for `trainer/varlen_attention.py` (sdpa per segment with the
+segment's slice of the mask), or as the BlockMask. Flash-attention 2 cannot take the mask
+(the trainer does not share there, `TrainerSettings.shares_prefix`).
 """
 
 from __future__ import annotations
@@ -43,26 +44,60 @@ class PackedRows:
     targets: torch.Tensor  # [n'] long, the response token each kept position predicts
     response_mask: torch.Tensor  # [b, T] bool, where the n results go back
     cu_seq_lens: torch.Tensor  # [S + 1] int32: 0, then where each segment (a row, or a shared-prefix group) ends
-    # shared-prefix rows only (`pack(..., share=True)` with a group): [1, 1, N, N] bool, True
-    # where query i may attend to key j; None: every segment is one causal sequence
-    attention_mask: torch.Tensor | None = None
+    segment: torch.Tensor  # [N] long, each token's segment (0 … S-1)
+    # [N] long, each token's part of its segment: 0 in a prompt part (and in every unshared
+    # segment), k in a shared-prefix segment's k-th response
+    part: torch.Tensor
+    shared: bool = False  # some segment holds several responses after one prompt (not causal per segment)
 
     @property
     def tokens(self) -> int:
         """N, the tokens of the packed row."""
         return int(self.input_ids.shape[1])
 
-    def attention_kwargs(self) -> dict[str, torch.Tensor | int]:
-        """A model forward's attention keywords. Without shared prefixes: the sequence
-        boundaries as the keywords of transformers' varlen attention (flash-attention 2,
-        `trainer/varlen_attention.py`). With them: the [1, 1, N, N] mask, which transformers
-        passes to sdpa as given, and the segment boundaries as `shared_prefix_bounds`, with
-        which `trainer/varlen_attention.py` runs sdpa per segment (others ignore it)."""
-        if self.attention_mask is not None:
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """Shared-prefix rows: [1, 1, N, N] bool, True where query i may attend to key j
+        (`visible`); None: every segment is one causal sequence."""
+        if not self.shared:
+            return None
+        index = torch.arange(self.tokens, device=self.segment.device)
+        return visible(self.segment, self.part, index[:, None], index[None, :])[None, None]
+
+    def attention_kwargs(self, implementation: str | None = None) -> dict[str, object]:
+        """A model forward's attention keywords for transformers' `implementation`.
+        "flex_attention": a BlockMask of `visible` (one kernel per layer, blocks no query
+        sees skipped), which transformers passes to flex attention as given. Otherwise,
+        without shared prefixes: the sequence boundaries as the keywords of transformers'
+        varlen attention (flash-attention 2, `trainer/varlen_attention.py`); with them: the
+        [1, 1, N, N] mask, which transformers passes to sdpa as given, and the segment
+        boundaries as `shared_prefix_bounds`, with which `trainer/varlen_attention.py` runs
+        sdpa per segment (others ignore it)."""
+        if implementation == "flex_attention":
+            return dict(attention_mask=self.block_mask())
+        if self.shared:
             return dict(attention_mask=self.attention_mask, shared_prefix_bounds=self.cu_seq_lens)
         longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
         return dict(cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens,
                     max_length_q=longest, max_length_k=longest)
+
+    def block_mask(self):  # noqa: ANN201 - torch.nn.attention.flex_attention.BlockMask
+        """`visible` as flex attention's BlockMask over the packed row ([1, 1, N, N])."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        segment, part = self.segment, self.part
+
+        def mask_mod(b, h, q, kv):  # noqa: ANN001, ANN202 - flex attention's mask_mod signature
+            return visible(segment, part, q, kv)
+
+        return create_block_mask(mask_mod, None, None, self.tokens, self.tokens, device=segment.device)
+
+
+def visible(segment: torch.Tensor, part: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Whether query position q may attend to key position kv of a packed row (broadcast
+    over q and kv): one segment, kv <= q, and kv in the prompt part or in q's response (a
+    prompt part precedes its responses; an unshared segment is all part 0: causal)."""
+    return (segment[q] == segment[kv]) & (kv <= q) & ((part[kv] == 0) | (part[kv] == part[q]))
 
 
 def pack(batch: TrainBatch, share: bool = False) -> PackedRows:
@@ -86,6 +121,7 @@ def pack(batch: TrainBatch, share: bool = False) -> PackedRows:
     targets = batch.responses[mask]  # [n]
     if keep.numel() == 0:
         keep, targets = keep.new_zeros(1), targets.new_zeros(1)
+    segment = torch.repeat_interleave(torch.arange(len(lengths), device=used.device), lengths)  # [N]
     return PackedRows(
         input_ids=batch.input_ids[used][None],
         position_ids=columns[used][None],
@@ -93,6 +129,8 @@ def pack(batch: TrainBatch, share: bool = False) -> PackedRows:
         targets=targets,
         response_mask=mask,
         cu_seq_lens=torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32),
+        segment=segment,
+        part=torch.zeros_like(segment),
     )
 
 
@@ -159,18 +197,10 @@ def _pack_shared(batch: TrainBatch, segments: list[list[int]]) -> PackedRows:
         targets=targets,
         response_mask=mask,
         cu_seq_lens=torch.cat([bounds.new_zeros(1), bounds]).to(torch.int32),
-        attention_mask=shared_prefix_mask(segment, part),
+        segment=segment,
+        part=part,
+        shared=True,
     )
-
-
-def shared_prefix_mask(segment: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-    """segment, part [N] (each token's segment; 0 in a prompt part, k in a segment's k-th
-    response) -> [1, 1, N, N] bool: query i sees key j iff one segment, j <= i, and j in
-    the prompt part or in i's response (a prompt part precedes its responses)."""
-    index = torch.arange(len(segment), device=segment.device)  # [N]
-    visible = ((segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None])
-               & ((part[None, :] == 0) | (part[None, :] == part[:, None])))  # [N, N]: query i, key j
-    return visible[None, None]
 
 
 def trainer_tokens(batch: TrainBatch, shared_prefix: bool, budget: int | None = None) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from .varlen_attention import VARLEN_SDPA
 
 OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
 KL_PLACES: tuple[str, ...] = ("reward", "loss")
+ATTENTIONS: tuple[str, ...] = ("auto", "sdpa", "flex_attention", "flash_attention_2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,9 @@ class TrainerSettings:
     # recompute each decoder layer's activations in backward instead of keeping them
     # (transformers' gradient checkpointing, non-reentrant): less memory, one more forward
     gradient_checkpointing: bool = False
+    # the trainer models' attention (`attn_implementation`): "auto", "sdpa" (varlen sdpa when
+    # packed), "flex_attention" (one BlockMask kernel per layer; CUDA), "flash_attention_2"
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         checks = {
@@ -99,10 +103,22 @@ class TrainerSettings:
             "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
             "advantage": self.advantage in ADVANTAGES,
             "kl_in": self.kl_in in KL_PLACES,
+            "attention": self.attention in ATTENTIONS,
         }
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
+        if self.attention == "flex_attention" and not self.device.startswith("cuda"):
+            raise TrainerConfigError("ppo.attention=flex_attention needs CUDA (torch's flex attention has no CPU "
+                                     "backward): use auto or sdpa on this device")
+        if self.attention == "flex_attention" and self.dtype == "float32":
+            # torch 2.11's inductor found no flex kernel for float32 fwd + bwd on an H100
+            # (NoValidChoicesError at head dims 16 and 64, 2026-11-26); bfloat16 compiled and ran
+            raise TrainerConfigError("ppo.attention=flex_attention needs half-precision compute (torch's inductor "
+                                     "has no float32 flex kernel on CUDA): set models.dtype=bfloat16 or use sdpa")
+        if self.attention == "flash_attention_2" and not flash_attn_2_available():
+            raise TrainerConfigError("ppo.attention=flash_attention_2, but flash-attention 2 is not installed "
+                                     "(pip install flash-attn): use auto, sdpa or flex_attention")
 
     @property
     def critic_free(self) -> bool:
@@ -119,15 +135,19 @@ class TrainerSettings:
 
     @property
     def attn_implementation(self) -> str | None:
-        """transformers' attention for the trainer's models. Packed: flash-attention 2 (varlen
-        kernels) on CUDA in half precision when flash-attention 2 is installed
-        (`flash_attn_2_available`), else
-        `VARLEN_SDPA` (causal sdpa per packed sequence, `trainer/varlen_attention.py`; sdpa
-        over the whole row with transformers' block-diagonal mask does ~N^2 work per row of
-        N tokens: 4-7x more on our CPU at 1200-4000 tokens, and flex attention has no CPU
-        backward in torch 2.14). Padded: None, transformers' default (sdpa)."""
-        if not self.packing:
-            return None
+        """transformers' attention for the trainer's models. Padded: None, transformers'
+        default (sdpa), unless `attention` names one. Packed, `attention` "auto":
+        flash-attention 2 (varlen kernels) on CUDA in half precision when it is installed
+        (`flash_attn_2_available`), else `VARLEN_SDPA` (causal sdpa per packed sequence,
+        `trainer/varlen_attention.py`; sdpa over the whole row with transformers'
+        block-diagonal mask does ~N^2 work per row of N tokens: 4-7x more on our CPU at
+        1200-4000 tokens, and flex attention has no CPU backward in torch 2.14). "sdpa" is
+        `VARLEN_SDPA` when packed; "flex_attention" runs each packed row as one flex kernel
+        per layer over a BlockMask of its sequences (`trainer/packed.py`, CUDA)."""
+        if self.attention == "sdpa" or (self.attention == "auto" and not self.packing):
+            return VARLEN_SDPA if self.packing else None
+        if self.attention != "auto":
+            return self.attention
         flash = self.device.startswith("cuda") and self.dtype != "float32" and flash_attn_2_available()
         return "flash_attention_2" if flash else VARLEN_SDPA
 
@@ -135,7 +155,7 @@ class TrainerSettings:
     def shares_prefix(self) -> bool:
         """Whether packed rows share their group's prompt: `shared_prefix` with packing, and
         not under flash-attention 2 (its varlen kernel is causal per sequence; the shared
-        mask would need flex attention or a shared-prefix kernel there)."""
+        mask needs sdpa's mask or flex attention's BlockMask)."""
         return self.packing and self.shared_prefix and self.attn_implementation != "flash_attention_2"
 
     @property
@@ -146,7 +166,7 @@ class TrainerSettings:
         per micro-batch and 115 at 2400, sdpa with the block-diagonal mask 75 at both."""
         if self.micro_batch_tokens:
             return self.micro_batch_tokens
-        return 8192 if self.attn_implementation == "flash_attention_2" else 1024
+        return 8192 if self.attn_implementation in ("flash_attention_2", "flex_attention") else 1024
 
 
 def flash_attn_2_available() -> bool:

@@ -59,7 +59,7 @@ def test_flash_attention_2_needs_its_interface_and_transformers_consent(tmp_path
     # never on CPU, in float32 or padded
     assert TrainerSettings(actor_path="/m", device="cpu", dtype="bfloat16", packing=True).attn_implementation == VARLEN_SDPA
     assert TrainerSettings(actor_path="/m", device="cuda", dtype="float32", packing=True).attn_implementation == VARLEN_SDPA
-    assert TrainerSettings(actor_path="/m", device="cuda", dtype="bfloat16").attn_implementation is None
+    assert TrainerSettings(actor_path="/m", device="cuda", dtype="bfloat16", packing=False).attn_implementation is None
     # transformers says no (e.g. an FA2 older than 2.3.3, or no CUDA): not flash_attention_2
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
     assert flash_attn_2_available() is False
@@ -74,3 +74,28 @@ def test_nothing_installed_and_a_broken_install_are_not_flash_attention_2(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert settings_mod.flash_attn_2_available() is False
+
+
+def test_an_attention_asked_for_by_name(clean_flash_attn):
+    """`ppo.attention`: sdpa is the per-sequence sdpa when packed and transformers' own when
+    padded; flex attention shares prefixes with the flash-attention budget, on CUDA only;
+    flash-attention 2 only where it is installed. The refusals are one line naming the field."""
+    def named(attention: str, **kw) -> TrainerSettings:
+        return TrainerSettings(actor_path="/m", attention=attention, **({"device": "cuda:0", "dtype": "bfloat16",
+                                                                         "packing": True} | kw))
+
+    assert named("sdpa").attn_implementation == VARLEN_SDPA and named("sdpa").token_budget == 1024
+    assert named("sdpa", packing=False).attn_implementation is None
+    flex = named("flex_attention")
+    assert (flex.attn_implementation, flex.token_budget, flex.shares_prefix) == ("flex_attention", 8192, True)
+    assert named("flex_attention", packing=False).attn_implementation == "flex_attention"
+    with pytest.raises(settings_mod.TrainerConfigError, match=r"^ppo.attention=flex_attention needs CUDA") as err:
+        named("flex_attention", device="cpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(settings_mod.TrainerConfigError, match=r"^ppo.attention=flex_attention needs half-precision"):
+        named("flex_attention", dtype="float32")
+    with pytest.raises(settings_mod.TrainerConfigError, match=r"^ppo.attention=flash_attention_2, but flash-attention 2 "
+                                                             r"is not installed"):
+        named("flash_attention_2")
+    with pytest.raises(settings_mod.TrainerConfigError, match="attention"):
+        named("eager")
