@@ -142,6 +142,8 @@ def check_device_choices(cfg: Config, device: str) -> None:
                           "released, so it would hold GPU memory while the trainer trains; use overlap.feeder=inline")
     if cfg.overlap.deferral:
         check_pause_mode(cfg.overlap.pause_mode, device)  # in_place: CPU only
+    # the trainer's own checks (`TrainerSettings`: e.g. ppo.attention on this device), before engines start
+    trainer_settings(cfg, cfg.models.actor, cfg.models.critic, torch.device(device))
 
 
 def own_feeder(cfg: Config) -> bool:

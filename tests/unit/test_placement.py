@@ -132,3 +132,18 @@ def test_pausing_stragglers_in_place_is_refused_on_cuda_before_anything_starts()
     builder.check_device_choices(load_config(overrides=["overlap.mode=intra", "overlap.pause_mode=in_place"]), "cuda")
     assert builder.actor_overlap_schedule(in_place) is False  # see EngineConfig.overlap_schedule
     assert builder.actor_overlap_schedule(load_config(overrides=["overlap.mode=inter"])) is True
+
+
+def test_the_trainers_own_settings_are_refused_before_anything_starts():
+    """ppo.attention=flex_attention on CPU (no flex backward there): one line from the
+    trainer's settings, before any engine starts (check_device_choices, which build runs first)."""
+    from colocate.run import builder
+    from colocate.config import load_config
+    from colocate.errors import USER_ERRORS
+
+    flex = load_config(overrides=["ppo.attention=flex_attention"])
+    with pytest.raises(USER_ERRORS, match=r"^ppo.attention=flex_attention needs CUDA .* use auto or sdpa on this device$"):
+        builder.check_device_choices(flex, "cpu")
+    with pytest.raises(USER_ERRORS, match=r"^ppo.attention=flex_attention needs CUDA"):
+        builder.build(load_config(overrides=["engines.device=cpu", "ppo.attention=flex_attention"]))
+    builder.check_device_choices(load_config(overrides=["ppo.attention=sdpa"]), "cpu")
