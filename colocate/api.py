@@ -129,6 +129,21 @@ def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
     return sample(str(model), list(prompts), SampleOptions(**options))
 
 
+def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env: Environment | None = None):
+    """What ``train`` (on ``nproc`` processes of this node) checks before its first engine
+    starts, run alone, no engine started (``colocate train --check``): the config against
+    ``resume``'s run, the models, the reward functions, the prompts loaded and tokenized
+    (``data.max_prompt_tokens``), prompt + budget against each engine's context. Raises the
+    run's one-line error; returns a ``colocate.run.dry_run.CheckReport`` (``describe()``)."""
+    from colocate.run import dry_run  # here, not at the top: it brings torch and transformers
+
+    if resume is not None:
+        from colocate.run.resume import check_resume
+
+        check_resume(cfg, resume, lambda m: None)
+    return dry_run.check(cfg, nproc=nproc, env=env)
+
+
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
           callbacks: Sequence[Callable[[dict[str, Any]], None]] = (), quiet: bool = False,
           engines: EnginePool | None = None, env: Environment | None = None) -> Summary:

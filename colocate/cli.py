@@ -69,11 +69,14 @@ def main() -> None:
               help="Continue a run folder (or one of its checkpoints) with its own config.json; "
                    "CONFIG and --set apply on top of it.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--check", is_flag=True,
+              help="Run every check a run makes before its first engine starts (config, models, reward "
+                   "functions, prompts loaded and tokenized, context lengths), print one line and exit.")
 @click.option("--nproc", type=int, default=1, show_default=True,
               help="Training processes on this node, started by torchrun (one FSDP shard each). "
                    "Several nodes: run torchrun yourself (README, \"Several processes and nodes\").")
 @_friendly
-def train(config, overrides, resume, print_config, nproc):
+def train(config, overrides, resume, print_config, check, nproc):
     """Run PPO. With no arguments: SmolLM2-135M-Instruct learns to answer positively,
     scored by a reward model served in the same SGLang runtime.
 
@@ -84,12 +87,16 @@ def train(config, overrides, resume, print_config, nproc):
       colocate train --resume runs/default
       colocate train --resume runs/default --set run.steps=40
       colocate train --nproc 2
+      colocate train --set data.source=prompts.jsonl --check   # would it start?
     """
     from colocate.run.resume import load_run_config  # here, not at the top: it brings torch.distributed
 
     cfg = load_run_config(resume, config, overrides) if resume else load_config(config, list(overrides))
     if print_config:
         click.echo(dump_yaml(cfg))
+        return
+    if check:
+        click.echo(api.check(cfg, resume=resume, nproc=nproc).describe())
         return
     if nproc != 1 and not launch.under_torchrun():
         args = [*([config] if config else []), *(f"--set={o}" for o in overrides),

@@ -62,10 +62,12 @@ class DistillConfig:
 
 
 def prepare_sentiment_rm(cache_dir: Path | None = None, *, config: DistillConfig | None = None,
-                         base_path: Path | None = None, progress: Callable[[str], object] = print) -> Path:
+                         base_path: Path | None = None, progress: Callable[[str], object] = print,
+                         build: bool = True) -> Path | None:
     """`<cache>/models/sentiment-rm-k{K}/`, built on first use (a few minutes on CPU), then reused.
 
     `base_path` is the converted SmolLM2 folder (default: `prepare_smollm2(cache_dir)`).
+    `build=False`: None instead of building it (`colocate train --check`).
     """
     config = config or DistillConfig()
     base = Path(base_path) if base_path is not None else prepare_smollm2(cache_dir, progress=progress)
@@ -73,6 +75,8 @@ def prepare_sentiment_rm(cache_dir: Path | None = None, *, config: DistillConfig
     expected = {"format": MARKER_FORMAT, "base": _base_identity(base), "config": dataclasses.asdict(config)}
     if _marker_matches(target, expected):
         return target
+    if not build:
+        return None
     progress(f"building the sentiment reward model in {target} (once)")
     start = time.perf_counter()
 

@@ -1,11 +1,12 @@
 """Construct a :class:`~colocate.run.session.Session` from a config.
 
-Owns the start-up order: distributed group → model folders → SGLang engines on every
-engine rank (``colocate.run.placement``; before FSDP sharding, so the engines' spawned
-schedulers never inherit a process group), released at once on CUDA → the tensor-parallel
-groups' subgroups (``engines.tp_size`` > 1) → trainer → prompts
-and reward functions → optional resume → engines woken with the trainer's weights (CUDA,
-or after a resume).
+Owns the start-up order: distributed group → what is read and checked before any engine
+(:func:`start_inputs`: model folders, reward functions, tokenized prompts, each engine's
+context; ``colocate train --check`` runs it alone, ``colocate.run.dry_run``) → SGLang
+engines on every engine rank (``colocate.run.placement``; before FSDP sharding, so the
+engines' spawned schedulers never inherit a process group), released at once on CUDA →
+the tensor-parallel groups' subgroups (``engines.tp_size`` > 1) → trainer → rollout phase
+→ optional resume → engines woken with the trainer's weights (CUDA, or after a resume).
 Leaves out: the step (``colocate.run.loop``).
 """
 
@@ -131,6 +132,13 @@ def tp_barrier(placement: Placement, dist) -> Callable[[], None] | None:
     return lambda: distributed.barrier(dist)
 
 
+def run_device(cfg: Config) -> str:
+    """cpu | cuda: ``engines.device``; auto: cuda where torch sees one."""
+    if cfg.engines.device != "auto":
+        return cfg.engines.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device_choices(cfg: Config, device: str) -> None:
     """Settings the resolved ``device`` (cpu | cuda) cannot run, refused in one line
     before anything starts."""
@@ -231,6 +239,51 @@ def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
     return [*extra, *named_reward_fns(cfg.reward, cfg.data.source)]
 
 
+@dataclasses.dataclass(frozen=True)
+class StartInputs:
+    """What a run reads and checks before any engine starts (:func:`start_inputs`):
+    model folders (``reward_path`` None without a reward model, or with an alias not built
+    when not asked to build it), the config's reward functions (unguarded), the actor's
+    tokenizer, the tokenized training and held-out prompts, the engines' configs."""
+
+    actor_path: str
+    reward_path: str | None
+    critic_path: str
+    reward_fns: list[RewardFn]
+    tokenizer: object
+    prompts: list
+    eval_prompts: list
+    actor_cfg: EngineConfig
+    reward_cfg: EngineConfig | None
+
+
+def start_inputs(cfg: Config, env: Environment | None, placement: Placement, world_size: int,
+                 reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True) -> StartInputs:
+    """Models resolved, remote code, world size, reward functions loaded, prompts tokenized
+    (``data.max_prompt_tokens``), prompt + budget against each engine's context and KV
+    pool: every refusal one line, no engine started. ``build_models=False``: a reward
+    model alias that is not built yet is not built (its context is then not checked)."""
+    actor_path = resolve_model(cfg.models.actor, "models.actor")
+    use_rm = cfg.reward.kind == "model"
+    reward_path = resolve_model(cfg.models.reward, "models.reward", build=build_models) if use_rm else None
+    critic_path = resolve_model(cfg.models.critic, "models.critic") if cfg.models.critic else actor_path
+    trusted = cfg.models.trust_remote_code
+    for path, field in ((actor_path, "models.actor"), (reward_path, "models.reward"), (critic_path, "models.critic")):
+        if path is not None:
+            check_remote_code(path, field, trusted)
+    check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, world_size)
+    placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)  # whole groups per engine rank
+    fns = _reward_fns(cfg, reward_fns)
+    tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
+    if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
+        ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
+    prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
+    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
+    check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
+    return StartInputs(actor_path, reward_path, critic_path, fns, tokenizer, prompts, eval_prompts, actor_cfg,
+                       reward_cfg)
+
+
 def _quiet(message: str) -> None:
     """The log of ranks other than 0."""
 
@@ -247,35 +300,20 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:
         torch.set_num_threads(cfg.run.train_threads)
-    device = cfg.engines.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = run_device(cfg)
     check_device_choices(cfg, device)
     dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
     placement = placement_of(dist, cfg.engines.tp_size,
                              visible_gpus=torch.cuda.device_count() if dist.device.type == "cuda" else 0)
     if dist.rank != 0:
         log = _quiet  # rank 0 speaks for the run
-    actor_path = resolve_model(cfg.models.actor, "models.actor")
-    use_rm = cfg.reward.kind == "model"
-    reward_path = resolve_model(cfg.models.reward, "models.reward") if use_rm else None
-    critic_path = resolve_model(cfg.models.critic, "models.critic") if cfg.models.critic else actor_path
-    trusted = cfg.models.trust_remote_code
-    for path, field in ((actor_path, "models.actor"), (reward_path, "models.reward"), (critic_path, "models.critic")):
-        if path is not None:
-            check_remote_code(path, field, trusted)
-    check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, dist.world_size)
+    inputs = start_inputs(cfg, env, placement, dist.world_size, reward_fns)
+    tokenizer, actor_cfg, reward_cfg = inputs.tokenizer, inputs.actor_cfg, inputs.reward_cfg
     share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
     reward_errors = RewardFnErrors()
     env_errors = EnvErrors()  # one count across the rollout phases a session builds (the bench's per mode)
-    fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in _reward_fns(cfg, reward_fns)]
-    tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
-    if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
-        ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
-    prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
+    fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in inputs.reward_fns]
     rollouts = None
-    actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
-    check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
     hosted = RankEngines()
     if placement.hosts_engines:  # the reward engine unless a feeder process hosts its own
         hosted = RankEngines.start(actor_cfg, None if own_feeder(cfg) else reward_cfg, engines)
@@ -291,7 +329,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
             barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
         # every rank, same order: each TP rank of an engine loads its own training rank's copy of the weights
         tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
-        trainer = make_trainer(cfg, actor_path, critic_path, dist)
+        trainer = make_trainer(cfg, inputs.actor_path, inputs.critic_path, dist)
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)
@@ -306,10 +344,10 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                                           # the session's rollout phase of the moment (the bench builds a fresh one per mode)
                                           quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None,
                                           barrier=barrier)
-        stream = PromptStream(prompts, cfg.rollout, cfg.run.seed, placement)
+        stream = PromptStream(inputs.prompts, cfg.rollout, cfg.run.seed, placement)
         session = Session(cfg, dist, trainer, hosted, fns, tokenizer, stream, kl_ctl,
                           RunState(), sharing, out_dir, log, rollouts,
-                          eval_prompts=eval_prompts, reward_errors=reward_errors, placement=placement,
+                          eval_prompts=inputs.eval_prompts, reward_errors=reward_errors, placement=placement,
                           timeline=timeline, tp_exchange=tp,
                           rollouts_for=rollouts_for if placement.hosts_engines else None)
         if resume is not None:

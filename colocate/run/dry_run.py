@@ -1,0 +1,66 @@
+"""``colocate train --check``: every check a run makes before its first engine starts,
+and nothing else.
+
+Owns: :func:`check` (the config's environment, the device's choices, then
+``builder.start_inputs`` — models, remote code, world size, reward functions, prompts
+loaded and tokenized against ``data.max_prompt_tokens``, prompt + budget against each
+engine's context and KV pool — for rank 0 of ``--nproc`` processes on one node) and its
+one-line :class:`CheckReport`.
+
+Leaves out: what only a started run knows (engines' refusals, a checkpoint's tensors
+against the models: ``colocate.run.session``); building a reward model alias that is not
+built yet (minutes: it is named as not checked instead); starting torchrun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from colocate.config import Config
+from colocate.monitor.wandb_log import check_available
+from colocate.rollout.env import Environment
+from colocate.run.builder import check_device_choices, environment, run_device, start_inputs
+from colocate.run.placement import Placement
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """What :func:`check` found: prompt counts, the longest prompt, what it left unchecked."""
+
+    cfg: Config
+    prompts: int
+    held_out: int
+    longest: int
+    nproc: int = 1
+    unchecked: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        c = self.cfg
+        ranks = f" over {self.nproc} processes" if self.nproc > 1 else ""
+        env = f", rollout.env {c.rollout.env}" if c.rollout.env else ""
+        line = (f"check ok: {self.prompts} training + {self.held_out} held-out prompts from {c.data.source} "
+                f"(longest {self.longest} tokens, data.max_prompt_tokens {c.data.max_prompt_tokens}) + "
+                f"rollout.max_new_tokens {c.rollout.max_new_tokens} fit the engines{ranks}{env}; no engine started")
+        return line + "".join(f"; {u}" for u in self.unchecked)
+
+
+def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None) -> CheckReport:
+    """The checks ``builder.build`` makes before an engine starts, for rank 0 of ``nproc``
+    processes on this node, with no engine, trainer or process group started; each refusal
+    is the same one line a run gives. ``env``: the API's environment (else ``rollout.env``'s)."""
+    check_available(cfg.run)
+    env = environment(cfg, env)
+    device = run_device(cfg)
+    check_device_choices(cfg, device)
+    placement = Placement(world=nproc, local_world=nproc, tp_size=cfg.engines.tp_size,
+                          visible_gpus=torch.cuda.device_count() if device == "cuda" else 0)
+    inputs = start_inputs(cfg, env, placement, nproc, build_models=False)
+    unchecked = ()
+    if cfg.reward.kind == "model" and inputs.reward_path is None:
+        unchecked = (f"models.reward {cfg.models.reward} is not built yet (the first run builds it once), "
+                     "so the prompts are not checked against its context",)
+    every = inputs.prompts + inputs.eval_prompts
+    return CheckReport(cfg, len(inputs.prompts), len(inputs.eval_prompts),
+                       max((len(p.ids) for p in every), default=0), nproc, unchecked)
