@@ -10,6 +10,11 @@ logprobs and versions stay on the :class:`Sample` for the next step. Scores land
 sample whose scoring fails fails the step: the other requests are aborted and their tasks
 cancelled before the error is raised, so nothing is left running on the engines' loop.
 
+The one schedule of every mode and of the held-out evaluation: the sequential mode (and
+evaluation) is the case without streaming and without a cut, scoring every sample after
+generation ended (``score_all``: one batch on the reward model, as a sequential step always
+scored).
+
 Leaves out: which samples to launch and what to defer (``engine.scheduler``), training.
 """
 
@@ -26,6 +31,8 @@ from .rollout import Sample
 from .streamed import Chunker, ScoreClient
 from .timeline import Timeline, mark
 
+# (finished samples in launch order, request id prefix, step) -> their rewards, after generation ended
+ScoreAll = Callable[[list[Sample], str, int], Awaitable[list[float]]]
 # (finished sample, its streamed reward-model score or None, request id prefix, step) -> its
 # reward (``colocate.rollout.scoring.Scorer``: a one-shot model score when none streamed, reward
 # functions, reward.scale); without one a sample's reward is its streamed score (or 0.0)
@@ -61,6 +68,8 @@ async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: 
         if client is not None:
             client.forget(step, sample.index)
         return
+    if run.score_at_end:
+        return  # scored with every other one once generation ended (`_generate_then_score`)
     streamed = None
     if chunker is not None:
         await chunker.finish()
@@ -78,6 +87,7 @@ class _Run:
     live: LiveRequests | None
     timeline: Timeline | None = None
     turns: rollout.MultiTurn | None = None  # multi-turn trajectories: the environment's answers
+    score_at_end: bool = False  # finished samples are scored together after generation (``score_all``)
     aborted: set[int] = dataclasses.field(default_factory=set)  # samples the cut aborted
     streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
     current: dict[int, Sample] = dataclasses.field(default_factory=dict)  # index -> the object in use
@@ -107,7 +117,7 @@ async def run_step(
     score: SampleScore | None = None, client: ScoreClient | None = None, chunk: int = 64,
     cut_after: int | None = None,
     pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
-    turns: rollout.MultiTurn | None = None,
+    turns: rollout.MultiTurn | None = None, score_all: ScoreAll | None = None, tag_prefix: str = "op",
 ) -> OverlapResult:
     """Generate ``samples``; score each as it goes (model scores streamed through
     ``client``, whose own deadline applies; each finished sample's reward by ``score``,
@@ -119,12 +129,20 @@ async def run_step(
     each sample is a multi-turn trajectory (``engine.rollout.stream_sample``): an abort
     reaches it mid-turn (its request) or between turns (after the environment's answer);
     parked, its request waits in the paused engine, or, between turns, it waits after the
-    environment's answer until a later step adopts it."""
-    tag = f"op{step:07d}"
+    environment's answer until a later step adopts it.
+
+    ``score_all`` instead (the sequential schedule: no ``client``, no cut, nothing parked):
+    every sample generated, then the finished ones scored together, in launch order, which
+    is also the order ``completed`` hands them back in. Request ids start with
+    ``tag_prefix``."""
+    at_end = score_all is not None
+    if at_end and (client is not None or cut_after is not None or pause_mode != "abort"):
+        raise ValueError("run_step: score_all scores after generation; it takes no client, cut or pause")
+    tag = f"{tag_prefix}{step:07d}"
     rollout.check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
     completed: list[Sample] = []
-    run = _Run(live if pause_mode != "abort" else None, timeline, turns)
+    run = _Run(live if pause_mode != "abort" else None, timeline, turns, score_at_end=at_end)
     mark(timeline, "rollout")
     pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
     for s in samples:
@@ -151,6 +169,8 @@ async def run_step(
             else:
                 parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
 
+    if at_end:
+        return await _generate_then_score(actor, samples, sampling, step, tag, run, clock, score_all)
     if live is not None and pause_mode == "in_place" and live.unstarted():
         # queued at an in-place pause: their radix namespace (the weight version they were sent
         # under) would match the old weights' KV of their prompt while their tokens count as the
@@ -174,6 +194,30 @@ async def run_step(
     first = set(groups_done if cut_after is None else groups_done[:cut_after])
     return OverlapResult(completed, [run.current.get(s.index, s) for s in samples if s.index not in done],
                          _timings(clock, [s for s in completed if s.group_id in first], end))
+
+
+async def _generate_then_score(actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, tag: str,
+                               run: _Run, clock: _Clock, score_all: ScoreAll) -> OverlapResult:
+    """`run_step` with ``score_all``: every sample's stream (a shared prompt prefilled
+    first), then the finished ones scored together in launch order."""
+    await rollout.prefill_shared_prompts(actor, samples, tag)
+    tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=None, score=None, chunk=0, clock=clock,
+                                        on_done=None, run=run)) for s in samples]
+    try:
+        await _wait_all(tasks)
+    except BaseException:
+        await _stop(actor, run, tasks, tag, None, step)
+        raise
+    generated = time.perf_counter()
+    mark(run.timeline, "score")
+    current = [run.current.get(s.index, s) for s in samples]
+    ended = [s for s in current if s.finished]
+    for sample, value in zip(ended, await score_all(ended, f"{tag}rm", step)):
+        sample.score = value
+    end = time.perf_counter()
+    mark(run.timeline, "rollout_end")
+    return OverlapResult(ended, [s for s in current if not s.finished],
+                         {"generate": generated - clock.start, "reward_tail": end - generated})
 
 
 async def _park(actor, mode: str, stragglers: Sequence[int], run: _Run, tasks, client, step: int,

@@ -2,11 +2,11 @@
 
 Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
 :func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
-in every mode: the trained :class:`engine.rollout.Sample` s, scored), and the sequential
-schedule: run samples on the actor engine, then score them (``colocate.rollout.scoring``).
+in every mode: the trained :class:`engine.rollout.Sample` s, scored), the sampling
+parameters and the step's rollout stats.
 
-Leaves out: the overlapped schedules (``engine.oppo``), which samples a step runs
-(``colocate.rollout.rollouts``) and training.
+Leaves out: the schedule (``engine.oppo.run_step``, every mode's), which samples a step
+runs (``colocate.rollout.rollouts``) and training.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import time
 from typing import Any, Sequence
 
-from colocate.engine import rollout
 from colocate.engine.rollout import Sample
-from colocate.engine.runtime import run_guarded
-from colocate.engine.timeline import mark
-from colocate.rollout.scoring import Scorer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,25 +85,3 @@ def rollout_stats(samples: Sequence[Sample], multi_turn: bool = False) -> dict[s
 def prompt_samples(prompts: Sequence[Prompt], max_new_tokens: int) -> list[Sample]:
     """One sample per prompt (index = position), each with the whole budget."""
     return [Sample(i, list(p.ids), max_new_tokens, record=dict(p.record)) for i, p in enumerate(prompts)]
-
-
-def run_sequential(actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, scorer: Scorer,
-                   *, tag_prefix: str = "st", timeline=None, turns: rollout.MultiTurn | None = None) -> dict[str, float]:
-    """Generate all samples (a group's shared prompt prefilled once; whole trajectories
-    with ``turns``), then score them (``Sample.score``: ``scorer``'s reward); request ids
-    start with ``tag_prefix``. Returns the phase seconds."""
-    tag = f"{tag_prefix}{step:07d}"
-    engines = [actor, *scorer.engines]
-    t0 = time.perf_counter()
-    mark(timeline, "rollout")
-    run_guarded(engines, rollout.generate(actor, samples, sampling, tag, timeline=timeline, turns=turns))
-    t1 = time.perf_counter()
-    mark(timeline, "score")
-    scores = run_guarded(engines, scorer.score_all(samples, tag + "rm", step))
-    for sample, score in zip(samples, scores):
-        sample.score = score
-    t2 = time.perf_counter()
-    mark(timeline, "rollout_end")
-    for sample in samples:
-        mark(timeline, "trained", sample.index)  # the sequential schedule trains every sample
-    return {"generate": t1 - t0, "reward_tail": t2 - t1}

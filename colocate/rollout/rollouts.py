@@ -7,15 +7,16 @@ carry their prompt records, groups and, once finished, scores), the scorer
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
-or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them — the plain
-sequential schedule (``rollout_phase.run_sequential``) when the mode neither streams nor
-defers and nothing is carried, else ``engine.oppo.run_step`` with streamed and/or one-shot
-scoring and the cut after the first B/n complete groups — and hands back what to train
+or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them through the one
+schedule, ``engine.oppo.run_step`` — every sample scored after generation when the mode
+neither streams nor defers and nothing is carried (sequential), else streamed and/or
+one-shot scoring as each finishes and the cut after the first B/n complete groups — and
+the held-out evaluation through it too (scored after generation), and hands back what to train
 on, with the step's stats (``overlap/*`` in every mode, incl. the ZeroMQ frames either end
 of the feeder channel refused or lost during the step; the feeder's counts come with its
 heartbeats, so they lag it by at most 0.5 s).
 
-Leaves out: the schedules themselves (``colocate.rollout.rollout_phase``, ``engine.oppo``),
+Leaves out: the schedule itself (``engine.oppo``),
 scoring (``colocate.rollout.scoring``) and training.
 """
 
@@ -44,7 +45,7 @@ from colocate.engine.runtime import EngineConfig, run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn
-from colocate.rollout.rollout_phase import StepRollout, rollout_stats, run_sequential
+from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 from colocate.rollout.scoring import Scorer
 from colocate.rollout.turns import EnvTurns
 
@@ -195,12 +196,7 @@ class Rollouts:
             run_guarded([self.actor], self.live.discard(self.actor, ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
         try:
-            if plain:
-                seconds = run_sequential(self.actor, plan.launch, sampling, step, self.scorer, timeline=self.timeline,
-                                         turns=self.turns)
-                ended, chunk = plan.launch, 0
-            else:
-                seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling)
+            seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling, score_at_end=plain)
         finally:
             if self.env is not None:
                 self.env.step_ended()
@@ -208,7 +204,7 @@ class Rollouts:
         train, defer = self.scheduler.select(ended)
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
             self._record_auto(step, name, elapsed, len(train), measured and (step_mode.defers or not carried))
-        for fate, group in (("trained", [] if plain else train), ("deferred", defer)):
+        for fate, group in (("trained", train), ("deferred", defer)):
             for s in group:
                 mark(self.timeline, fate, s.index)
         stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": plan.delta,
@@ -220,10 +216,17 @@ class Rollouts:
         return StepRollout(train, seconds, {**rollout_stats(train, self.turns is not None), **env,
                                             **{f"overlap/{k}": v for k, v in stats.items()}})
 
-    def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any]):
-        """``plan`` through ``engine.oppo.run_step``: streamed scoring when the mode streams,
-        the cut after the first B/n groups when it defers. Returns the phase seconds, every
-        launched sample (finished first, in completion order) and the chunk."""
+    def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any], score_at_end: bool):
+        """``plan`` through ``engine.oppo.run_step``, the one schedule: streamed scoring when
+        the mode streams, the cut after the first B/n groups when it defers, every sample
+        scored after generation when ``score_at_end`` (a sequential step with nothing
+        carried). Returns the phase seconds, every launched sample (finished first: in
+        completion order, or in launch order when scored at the end) and the chunk."""
+        if score_at_end:
+            res = run_guarded([self.actor, *self.scorer.engines], oppo.run_step(
+                self.actor, plan.launch, sampling, step, score_all=self.scorer.score_all, tag_prefix="st",
+                timeline=self.timeline, turns=self.turns))
+            return res.seconds, res.completed + res.unfinished, 0
         o = self.cfg.overlap
         streams = self.client is not None and step_mode.streams
         chunk = self.tuner.chunk_for_step(step) if streams else 0
@@ -282,7 +285,9 @@ class Rollouts:
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
-        return run_sequential(self.actor, samples, sampling, step, scorer, tag_prefix="ev", turns=self.turns)
+        res = run_guarded([self.actor, *scorer.engines], oppo.run_step(
+            self.actor, samples, sampling, step, score_all=scorer.score_all, tag_prefix="ev", turns=self.turns))
+        return res.seconds
 
     def observe_reward(self, mean_reward: float) -> None:
         self.scheduler.observe_reward(mean_reward)

@@ -27,10 +27,10 @@ from colocate.engine import oppo
 from colocate.engine.errors import RewardRequestError
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
-from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.runtime import EngineConfig, SglangEngine, run_guarded
 from colocate.engine.streamed import ScoreClient
 from colocate.assets.models import build_tiny_reward_model
-from colocate.rollout.rollout_phase import Prompt, run_sequential
+from colocate.rollout.rollout_phase import Prompt
 from colocate.rollout.scoring import Scorer
 from colocate.assets.tasks import chat_prompt_ids
 
@@ -110,6 +110,12 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
     assert time.monotonic() - started < TIMEOUT_S
     left = [t for t in asyncio.all_tasks(loop) if not t.done() and t.get_coro().__qualname__ == "_one"]
     assert not left  # every request of the failed step was aborted or cancelled
+
+
+def run_sequential(actor, samples, sampling, step: int, scorer: Scorer) -> None:
+    """The sequential schedule: ``oppo.run_step`` scoring every sample after generation."""
+    run_guarded([actor, *scorer.engines], oppo.run_step(actor, samples, sampling, step, score_all=scorer.score_all,
+                                                        tag_prefix="st"))
 
 
 def test_sequential_score_error_is_one_line(actor_engine, short_rm):
