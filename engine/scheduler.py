@@ -13,7 +13,9 @@ a too-stale member is dropped whole. n = 1 is exactly the per-sample schedule;
 :class:`DeltaController` (Δ follows the least-squares slope of mean reward over a window);
 :class:`ChunkSizeTuner` (OPPO's intra-step chunk size: try each candidate for one step
 every ``retune_every`` steps, keep the fastest); :func:`staleness_stats`; JSON-safe
-``state_dict``/``load_state_dict`` so checkpoints carry the deferred buffer.
+``state_dict``/``load_state_dict`` so checkpoints carry the deferred buffer. The configs'
+defaults are those of the ``overlap``/``rollout`` fields they are built from
+(``tests/unit/test_one_set_of_defaults.py``).
 
 Samples that finish *after* the first B of a step are not thrown away and not trained
 late in the same step: they are deferred as complete samples and trained first next step
@@ -38,7 +40,7 @@ MakeSample = Callable[[int], "Sample | None"]  # index -> new sample, None when 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     batch_size: int = 8  # B: samples trained on per step
-    delta_init: int = 0  # Δ: extra samples launched per step
+    delta_init: int = 2  # Δ: extra samples (groups) launched per step
     delta_min: int = 0
     delta_max: int = 8
     delta_inc: int = 1
@@ -304,7 +306,7 @@ class ChunkTunerConfig:
     candidates: tuple[int, ...] = (16, 32, 64, 128)  # tokens per chunk streamed to the RM
     retune_every: int = 50  # a tuning round starts every N steps (step 0 included)
     adaptive: bool = True  # False: always ``fixed``
-    fixed: int = 64
+    fixed: int = 16  # not adaptive: always; else until a round has a fastest (overlap.chunk_size or candidates[0])
 
     def __post_init__(self) -> None:
         if not self.candidates or any(int(c) < 1 for c in self.candidates):

@@ -2,7 +2,9 @@
 
 Owns: the settings dataclass, its validation (one `TrainerConfigError` naming the bad
 keys) and the derived values (`critic_source`, `torch_dtype`, `attn_implementation`,
-`token_budget`).
+`token_budget`). Each default is the default of the config field it is built from (`ppo.*`
+and the others `colocate/run/builder.py` maps), so bare settings train as a default
+configured run does (`tests/unit/test_one_set_of_defaults.py`).
 
 Leaves out: what the knobs do (`trainer/ppo_trainer.py`, `trainer/forward.py`,
 `trainer/packing.py`) and how a run's config maps onto them (`colocate/run/builder.py`).
@@ -33,16 +35,16 @@ class TrainerSettings:
     dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
     device: str = "cpu"
     seed: int = 0
-    actor_lr: float = 2e-6
-    critic_lr: float = 1e-5
+    actor_lr: float = 1e-5
+    critic_lr: float = 3e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    epochs: int = 1
+    epochs: int = 2
     minibatches: int = 2
     clip_eps: float = 0.2
     value_clip_eps: float = 0.2
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0  # 1: Monte-Carlo returns minus the critic's baseline
     kl_estimator: str = "k1"
     whiten_advantages: bool = True
     loss_agg: str = "token-mean"
@@ -53,9 +55,7 @@ class TrainerSettings:
     # packing=True: each micro-batch's rows concatenated into one padding-free row of at most
     # micro_batch_tokens tokens (prompt + response; a longer row gets its own micro-batch),
     # rows balanced over ranks by tokens. packing=False: right-padded rows, micro_batch rows each.
-    # Runs get packing from the config (ppo.packing, default true); the bare dataclass keeps
-    # the padded trainer it always had.
-    packing: bool = False
+    packing: bool = True
     micro_batch_tokens: int = 0  # 0: `token_budget` picks one for the attention path
     micro_batch: int = 8  # packing=False: rows per forward pass (bounds activation memory)
     # packing=True: rows of one group with the same prompt (rollout.group_size > 1) packed as

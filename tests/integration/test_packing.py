@@ -38,7 +38,7 @@ def settings_for(path: str, **overrides) -> TrainerSettings:
     into up to ~1% of lr, so 1e-5 is 10% of one step. Gradient scale is checked through the
     loss and grad_norm stats (rel 1e-4)."""
     base = dict(actor_path=path, actor_lr=1e-4, critic_lr=1e-4, minibatches=2, micro_batch=3, seed=0,
-                micro_batch_tokens=64, packing=True)
+                micro_batch_tokens=64, packing=True, epochs=1, lam=0.95)
     return TrainerSettings(**(base | overrides))
 
 

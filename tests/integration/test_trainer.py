@@ -39,7 +39,8 @@ def rollout_batch(seed: int, rows: int = ROWS, version: int = 0) -> TrainBatch:
 
 
 def settings_for(actor_path: str, **overrides) -> TrainerSettings:
-    base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=4, seed=0)
+    base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=4, seed=0,
+                epochs=1, lam=0.95, packing=False)  # the trainer these tests were written for (padded, one epoch)
     return TrainerSettings(**(base | overrides))
 
 

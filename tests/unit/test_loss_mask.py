@@ -219,7 +219,7 @@ def _one_thread():
 
 def settings_for(actor_path: str, **overrides) -> TrainerSettings:
     base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=2, epochs=2,
-                seed=0, is_cap=2.0, max_staleness=1)
+                seed=0, is_cap=2.0, max_staleness=1, lam=0.95, packing=False)
     return TrainerSettings(**(base | overrides))
 
 

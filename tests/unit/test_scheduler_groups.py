@@ -106,7 +106,7 @@ def test_state_round_trips_with_groups_scores_and_records():
 
 
 def test_make_sample_must_keep_the_group():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, group_size=2))
+    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, group_size=2, delta_init=0))
     with pytest.raises(EngineError, match="group 0"):
         sched.plan(lambda i: Sample(i, [1], 4, group=i), 0)  # member 1 claims group 1
 
