@@ -109,24 +109,27 @@ def _signals_stop(stop: StopRequest, loop=None):
             signal.signal(sig, old[sig])
 
 
-def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | Path | None = None) -> Path:
+def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | Path | None = None,
+                 log: Callable[[str], None] = lambda message: None) -> Path:
     """The trained actor of a run's newest checkpoint (or of one ``step_*`` checkpoint) as
     an HF folder that transformers and SGLang load (a LoRA run's merged); default
     ``<run>/export/actor_step_*``. ``adapter``: a LoRA run's adapters also as a PEFT
-    adapter folder there."""
+    adapter folder there. ``log``: a line for what was loaded and written, with its time."""
     from colocate.tools.export import export_actor as export  # here, not at the top: it brings torch
 
-    return export(run, out, adapter=adapter)
+    return export(run, out, adapter=adapter, log=log)
 
 
-def generate(model: str | Path, prompts: Sequence[str], **options: Any) -> list:
+def generate(model: str | Path, prompts: Sequence[str], log: Callable[[str], None] = lambda message: None,
+             **options: Any) -> list:
     """Responses of ``model`` (a run folder, checkpoint, model folder or alias) to ``prompts``
     -> ``colocate.tools.sample.Generation`` items; ``options``: `colocate.tools.sample.SampleOptions` fields
-    (max_new_tokens, temperature, top_p, seed, device, dtype, chat)."""
+    (max_new_tokens, temperature, top_p, seed, device, dtype, chat). ``log``: a line for what
+    was loaded (a run's export, the engine) and how long it took."""
     from colocate.tools.sample import SampleOptions, generate as sample  # here, not at the top: it brings torch
 
     check_main_guard(sys.modules["__main__"], "colocate.api.generate")
-    return sample(str(model), list(prompts), SampleOptions(**options))
+    return sample(str(model), list(prompts), SampleOptions(**options), log)
 
 
 def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env: Environment | None = None):

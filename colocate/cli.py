@@ -2,7 +2,9 @@
 
 Owns: argument parsing, printing, and turning every error of :data:`~colocate.errors.USER_ERRORS`
 (and a collective broken by another rank going away) into one line on stderr with exit
-status 2. Leaves out: all behaviour (``colocate.api``).
+status 2; as the process's owner, the libraries' loading bars off for the commands that
+load models unless ``engines.log_level`` asks for them (``colocate.monitor.quiet``), their
+one-line replacements on stderr. Leaves out: all behaviour (``colocate.api``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import sys
 import click
 
 from colocate import api, launch
-from colocate.config import dump_yaml, load_config
+from colocate.assets.tasks import reads_dataset
+from colocate.config import EnginesConfig, dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError
 from colocate.monitor import completions
+from colocate.monitor.quiet import hide_library_bars
 from colocate.tools import doctor as doc
+from colocate.tools.export import log_level_of
 from colocate.tools.sample import SampleOptions
 
 
@@ -44,6 +49,11 @@ def _friendly(fn):
             sys.exit(2)
 
     return wrapper
+
+
+def _note(message: str) -> None:
+    """A line about the command's progress (on stderr: stdout stays its result)."""
+    click.echo(message, err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,6 +105,8 @@ def train(config, overrides, resume, print_config, check, nproc):
     if print_config:
         click.echo(dump_yaml(cfg))
         return
+    # one line per model loaded instead of the libraries' bars, unless engines.log_level asks for more
+    hide_library_bars(cfg.engines.log_level, datasets=reads_dataset(cfg.data.source))
     if check:
         click.echo(api.check(cfg, resume=resume, nproc=nproc).describe())
         return
@@ -202,6 +214,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
 def prepare(skip_rm):
     """Convert the packaged SmolLM2-135M-Instruct to safetensors and build the default
     sentiment reward model; both are cached and reused."""
+    hide_library_bars(EnginesConfig().log_level)  # the steps print their own lines
     for name, path in api.prepare(with_reward_model=not skip_rm).items():
         click.echo(f"{name}: {path}")
 
@@ -225,7 +238,8 @@ def export(run, out, adapter):
       colocate export runs/default/checkpoints/step_00000010 --out my-actor
       colocate export runs/lora --adapter my-adapter
     """
-    click.echo(api.export_actor(run, out, adapter=adapter))
+    hide_library_bars(log_level_of(run))  # the run's engines.log_level: bars only at info or debug
+    click.echo(api.export_actor(run, out, adapter=adapter, log=_note))
     if adapter is not None:
         click.echo(adapter)
 
@@ -258,8 +272,9 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
       colocate generate smollm2 --prompts-file prompts.txt --temperature 0.7 --jsonl
     """
     texts = list(prompts) + ([line.strip() for line in prompts_file if line.strip()] if prompts_file else [])
-    out = api.generate(model, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                       seed=seed, device=device, dtype=dtype, chat=not no_chat)
+    hide_library_bars(log_level_of(model))  # a run's engines.log_level (the default for a model folder)
+    out = api.generate(model, texts, log=_note, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat)
     for g in out:
         if as_jsonl:
             click.echo(json.dumps(dataclasses.asdict(g)))
@@ -299,6 +314,7 @@ def show(run, step, all_steps, evaluation, width):
 def doctor(no_smoke, device):
     """Print device, versions, the CPU op stand-in status and the model cache, then
     start and stop a tiny SGLang engine as a smoke test."""
+    hide_library_bars(EnginesConfig().log_level)  # its smoke test writes and serves a tiny model
     report = doc.run(device=device, smoke=not no_smoke, progress=lambda m: click.echo(m, err=True))
     width = max(len(k) for k in report.facts)
     for key, value in report.facts.items():

@@ -57,7 +57,7 @@ class EngineConfig:
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
     attention_backend: str | None = None  # None: torch_native on CPU, SGLang's pick on GPU
-    log_level: str = "error"
+    log_level: str = "error"  # SGLang's; debug or info also keep its weight-loading progress bars
     enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
     # GPU: keep a host copy of the weights while they are released, so they come back with
     # their contents. On for the reward engine (nothing ever pushes its weights again); off
@@ -180,7 +180,8 @@ class SglangEngine:
         started = time.perf_counter()
         free_before = _device_free_bytes(cfg.base_gpu_id) if platform.device == "cuda" else 0
         try:
-            with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0):
+            with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
+                    sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)):
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
             raise start_error(cfg, exc) from None

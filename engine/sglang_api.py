@@ -2,8 +2,10 @@
 
 Owns: preparing the process so SGLang's CPU engine path works (``SGLANG_USE_CPU_ENGINE``
 and, when the real ``sgl_kernel`` is absent, our two-op stand-in on the import path of
-this process and of the scheduler children it spawns), and importing the SGLang names
-colocate uses. Everything else in ``engine/`` goes through :func:`load`.
+this process and of the scheduler children it spawns), what an engine's spawned processes
+read from the environment as they start (torch threads, whether their progress bars
+show: :func:`shows_progress` of the engine's ``log_level``), and importing the SGLang
+names colocate uses. Everything else in ``engine/`` goes through :func:`load`.
 
 Leaves out: engine lifetime and requests (``engine.runtime``), rollout and scoring logic.
 SGLang reads its CPU switch from the environment at import time, so these two variables
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -102,23 +105,48 @@ def prepare(device: str = "auto") -> Platform:
 
 
 @contextlib.contextmanager
+def _child_env(name: str, value: str | None):
+    """``os.environ[name] = value`` for the processes an engine spawns inside this block
+    (they read it when they start), restored right after; None: left as it is."""
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def child_threads(n: int):
     """Torch intra-op threads of the processes an engine spawns inside this block (``n`` >
     0; 0 leaves torch's default: every core). SGLang has no argument for it on CPU, and a
     spawned scheduler reads ``OMP_NUM_THREADS`` when its torch starts, so the variable is
     set for the spawn only and restored right after."""
-    if n <= 0:
-        yield
-        return
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = old
+    return _child_env("OMP_NUM_THREADS", str(n) if n > 0 else None)
+
+
+def shows_progress(log_level: str) -> bool:
+    """Whether an engine's ``log_level`` (SGLang's: debug, info, warning, error, critical)
+    asks for the progress bars of loading: debug and info do; quieter levels do not."""
+    level = logging.getLevelName(log_level.upper())
+    return isinstance(level, int) and level <= logging.INFO
+
+
+def child_progress_bars(shown: bool):
+    """The progress bars of the processes an engine spawns inside this block: left alone
+    when ``shown``, else never drawn. SGLang's scheduler draws its weight loading ("Multi-thread
+    loading shards", "Loading safetensors checkpoint shards", ``model_loader/weight_utils.py``)
+    and, on CUDA, its graph capture with tqdm, passing ``disable=`` itself (off on rank 0
+    only), which wins over ``TQDM_DISABLE``; it has no server argument for them. tqdm reads
+    its other defaults from ``TQDM_*`` variables when it is imported, so the spawned
+    scheduler gets ``TQDM_DELAY=inf``: a bar that would wait forever before it shows is
+    never drawn, not even when it closes."""
+    return _child_env("TQDM_DELAY", None if shown else "inf")
 
 
 @lru_cache(maxsize=1)

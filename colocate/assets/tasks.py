@@ -232,6 +232,13 @@ def _a(value: Any) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
+def reads_dataset(spec: str) -> bool:
+    """Whether the `data.source` ``spec`` is read with the datasets package (`dataset_prompts`)."""
+    if spec == SENTIMENT_SOURCE or spec.startswith(REASONING_GYM_PREFIX) or spec.lower().endswith(".jsonl"):
+        return False
+    return spec.startswith(HF_PREFIX) or Path(spec).expanduser().is_dir() or Path(spec).suffix.lower() in DATASET_FILES
+
+
 def load_prompt_source(spec: str, n: int | None = None, seed: int = 0, *, split: str = "train",
                        prompt_key: str = "prompt", answer_key: str = "") -> list[Prompt]:
     """Prompts named by a `data.source` value.
@@ -250,7 +257,7 @@ def load_prompt_source(spec: str, n: int | None = None, seed: int = 0, *, split:
     elif spec.lower().endswith(".jsonl"):
         _one_table(spec, split)
         prompts = jsonl_prompts(spec, n, seed, prompt_key=prompt_key, answer_key=answer_key)
-    elif spec.startswith(HF_PREFIX) or Path(spec).expanduser().is_dir() or Path(spec).suffix.lower() in DATASET_FILES:
+    elif reads_dataset(spec):
         prompts = dataset_prompts(spec, n, seed, split=split, prompt_key=prompt_key, answer_key=answer_key)
     else:
         raise ConfigError(

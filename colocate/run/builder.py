@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import os
 import random
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -50,6 +51,7 @@ from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
 from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.monitor.quiet import loaded, params
 from colocate.monitor.wandb_log import check_available
 
 
@@ -329,7 +331,10 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
             barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
         # every rank, same order: each TP rank of an engine loads its own training rank's copy of the weights
         tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
+        loading = time.perf_counter()
         trainer = make_trainer(cfg, inputs.actor_path, inputs.critic_path, dist)
+        log(loaded("trainer", params({"actor": trainer.actor, "reference": trainer.ref, "critic": trainer.critic}),
+                   time.perf_counter() - loading))
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)

@@ -7,7 +7,9 @@ writing the checkpoint's actor over that model as ``config.json`` + ``model.safe
 wrapped as in training and merged into it; on request its adapters are also written as
 a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) that
 ``peft.PeftModel.from_pretrained(base, folder)`` loads. Each folder is written into a
-temporary sibling and renamed into place, like the checkpoints.
+temporary sibling and renamed into place, like the checkpoints. One line each for the
+actor loaded and the folder written (to the caller's ``log``); a run's ``engines.log_level``
+(`log_level_of`), for the CLI to decide whether the libraries' own bars show.
 
 Leaves out: the checkpoint format (``colocate.run.checkpoint``), the LoRA wrapper
 (``colocate.trainer.lora``), sampling from the folder (``colocate.tools.sample``).
@@ -19,13 +21,16 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from colocate.run import checkpoint
+from colocate.config import EnginesConfig
 from colocate.errors import ConfigError
+from colocate.monitor.quiet import loaded
 from colocate.assets.model_aliases import resolve_model
 from colocate.trainer.lora import PEFT_PREFIX, LoraSettings, add_lora
 
@@ -67,13 +72,15 @@ def default_out(ckpt: Path) -> Path:
 
 
 def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
-                 *, adapter: str | os.PathLike[str] | None = None, reuse: bool = True) -> Path:
+                 *, adapter: str | os.PathLike[str] | None = None, reuse: bool = True,
+                 log: Callable[[str], None] = lambda message: None) -> Path:
     """Write the newest (or the given) checkpoint's actor as an HF folder -> its path.
 
     ``run_or_checkpoint``: a run folder or one ``step_*`` checkpoint. ``out``: default
     `default_out`. A LoRA run's actor is written merged (base + adapters). ``adapter``: a
     LoRA run's adapters also go there as a PEFT adapter folder. With ``reuse`` complete
-    folders there, newer than the checkpoint, are returned as they are.
+    folders there, newer than the checkpoint, are returned as they are. ``log`` gets a line
+    for the actor loaded and one for the folder written (what and how long).
     """
     from transformers import AutoTokenizer  # here, not at the top: this module is imported at the CLI's start
 
@@ -88,6 +95,7 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
     if reuse and all(_fresh(folder, ckpt, files) for folder, files in wanted):
         return target
     base = base_actor(run_dir)
+    started = time.perf_counter()
     _, parts = checkpoint.load(ckpt, only=("trainer",), what="export")
     state = parts["trainer"]["actor"]["model"]
     if lora.on_actor:
@@ -97,8 +105,26 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
         model = wrapped.merge_and_unload()
     else:
         model = _full_actor(base, state, ckpt)
+    log(loaded(f"actor of {ckpt.name}", sum(p.numel() for p in model.parameters()), time.perf_counter() - started))
+    started = time.perf_counter()
     _write(target, lambda tmp: (model.save_pretrained(tmp), AutoTokenizer.from_pretrained(base).save_pretrained(tmp)))
+    mb = sum(f.stat().st_size for f in target.glob("*.safetensors")) / 2**20
+    log(f"actor written: {mb:.3g} MB in {time.perf_counter() - started:.1f} s")
     return target
+
+
+def log_level_of(path: str | os.PathLike[str]) -> str:
+    """``engines.log_level`` of the run whose folder or checkpoint ``path`` is (its
+    ``config.json``); the default for anything else (a model folder, an alias), never an error."""
+    p = Path(path).expanduser()
+    for folder in (p, run_dir_of(p)):
+        try:
+            level = json.loads((folder / "config.json").read_text())["engines"]["log_level"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(level, str):
+            return level
+    return EnginesConfig().log_level
 
 
 def _check_adapter_request(adapter_dir: Path, target: Path, lora: LoraSettings, run_dir: Path) -> None:

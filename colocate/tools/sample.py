@@ -2,7 +2,7 @@
 
 Owns: resolving what to sample from (a packaged alias, an HF folder, or a run folder /
 checkpoint, whose actor is exported first), chat-formatting the prompts like training
-does, one engine for the call, and the decoded responses.
+does, one engine for the call (a run's own ``engines.log_level``), and the decoded responses.
 Leaves out: the engine (``engine.runtime``), the export (``colocate.tools.export``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from colocate.run.checkpoint import MANIFEST
 from colocate.errors import ConfigError
@@ -21,7 +21,7 @@ from colocate.engine import rollout
 from colocate.engine.rollout import Sample
 from colocate.engine.runtime import SglangEngine
 from colocate.rollout.rollout_phase import sampling_params
-from colocate.tools.export import export_actor
+from colocate.tools.export import export_actor, log_level_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +48,12 @@ def is_run(path: Path) -> bool:
     return (path / MANIFEST).is_file() or (path / "checkpoints").is_dir()
 
 
-def model_folder(spec: str) -> str:
+def model_folder(spec: str, log: Callable[[str], None] = lambda message: None) -> str:
     """An HF folder for ``spec``: a run folder or checkpoint (its actor, exported once into
-    ``<run>/export/``), a model folder, or a packaged alias (``smollm2``)."""
+    ``<run>/export/``; ``log``: the export's lines), a model folder, or a packaged alias (``smollm2``)."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_run(path):
-        return str(export_actor(path))
+        return str(export_actor(path, log=log))
     return resolve_model(spec, "model")
 
 
@@ -69,8 +69,10 @@ def check(prompts: Sequence[str], opts: SampleOptions) -> None:
             raise ConfigError(message)
 
 
-def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOptions()) -> list[Generation]:
-    """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine)."""
+def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOptions(),
+             log: Callable[[str], None] = lambda message: None) -> list[Generation]:
+    """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine); ``log``
+    gets a line for what was loaded (a run's export, the engine) and how long it took."""
     # here, not at the top: transformers (also via builder and session) would slow the CLI's start
     from transformers import AutoTokenizer
 
@@ -78,13 +80,15 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     from colocate.run.session import stop_ids
 
     check(prompts, opts)
-    folder = model_folder(model)
+    folder = model_folder(model, log)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
     stop = stop_ids(tokenizer)
     cfg = load_config(overrides=[f"engines.device={opts.device}", f"models.dtype={opts.dtype}",
-                                 f"run.seed={opts.seed}"])  # the engine settings training would use
+                                 f"run.seed={opts.seed}",  # the engine settings training would use,
+                                 f"engines.log_level={log_level_of(model)}"])  # a run's log level its own
     engine = SglangEngine(engine_configs(cfg, folder, None)[0], field="model")
+    log(f"actor engine up: {Path(folder).name} in {engine.start_seconds:.1f} s")
     try:
         samples = [Sample(i, p, opts.max_new_tokens) for i, p in enumerate(ids)]
         engine.loop.run_until_complete(rollout.generate(
