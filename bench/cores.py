@@ -50,7 +50,8 @@ class Pair:
 
     def __init__(self, actor_path: str, reward_path: str, actor_threads: int, reward_threads: int,
                  reward_nice: int = 0) -> None:
-        from colocate.engine.runtime import EngineConfig, SglangEngine
+        from colocate.engine.engine_config import EngineConfig
+        from colocate.engine.runtime import SglangEngine
 
         self.actor = SglangEngine(EngineConfig(actor_path, role="actor", device="cpu", threads=actor_threads))
         self.reward = SglangEngine(EngineConfig(reward_path, role="reward", device="cpu", threads=reward_threads))

@@ -70,7 +70,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from colocate.assets.model_aliases import model_aliases
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     path = str(model_aliases()[args.model]()) if args.model in model_aliases() else args.model
     tok = AutoTokenizer.from_pretrained(path)

@@ -118,7 +118,8 @@ def run_mode(mode: str, path: str, peft_model, opts: argparse.Namespace, prompts
     """Start the mode's engine, then per repeat: new adapter values, sync, probe, generate."""
     from colocate.run import weight_sync
     from colocate.engine import lora_serving
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     scaling = opts.alpha / opts.rank
     engine_kw = {"device": opts.device, "max_total_tokens": MAX_TOTAL_TOKENS}

@@ -23,7 +23,8 @@ import torch
 
 from . import sglang_api
 from .errors import EngineError, EngineStartError
-from .runtime import EngineConfig, SglangEngine, run_guarded
+from .engine_config import EngineConfig
+from .runtime import SglangEngine, run_guarded
 from .weight_payloads import rank_payloads
 
 _rids = itertools.count()

@@ -1,7 +1,7 @@
 """Engines kept running between runs of one process.
 
 Owns: :class:`EnginePool`. A run takes each engine it needs from the pool by its
-:class:`~colocate.engine.runtime.EngineConfig`: an idle engine started with an equal
+:class:`~colocate.engine.engine_config.EngineConfig`: an idle engine started with an equal
 config is handed over instead of starting another (an engine start is ~13 s for
 SmolLM2 on 2 CPU cores, most of it the scheduler process importing SGLang); otherwise one
 is started. When the run ends it gives its engines back: an engine that is alive, not
@@ -20,8 +20,9 @@ Leaves out: which engines a run needs (``colocate.run.engines``), starting one
 
 from __future__ import annotations
 
+from .engine_config import EngineConfig
 from .errors import EngineError
-from .runtime import EngineConfig, SglangEngine
+from .runtime import SglangEngine
 
 
 class EnginePool:

@@ -197,7 +197,8 @@ def main() -> None:
     ap.add_argument("--engine-json", default=None,
                     help="every EngineConfig field as JSON (how colocate starts it); the flags above then only name the model")
     args = ap.parse_args()
-    from .runtime import EngineConfig, SglangEngine
+    from .engine_config import EngineConfig
+    from .runtime import SglangEngine
 
     if args.engine_json:
         fields = {**json.loads(args.engine_json), "model_path": args.model, "role": "reward"}

@@ -91,7 +91,7 @@ def check_allocator_conf(environ: Mapping[str, str]) -> None:
 SERVER_ARGS_FIELD = "engines.sglang"  # where SGLang's own arguments are configured
 _ITSELF = "colocate sets it itself"
 _SLEEP = f"{_ITSELF} (the engines sleep while the trainer trains)"
-# SGLang arguments colocate decides (engine.runtime._server_kwargs) -> what to set instead
+# SGLang arguments colocate decides (engine.engine_config._server_kwargs) -> what to set instead
 OWN_SERVER_ARGS = {
     "model_path": "colocate sets it from models.actor / models.reward",
     "device": "set engines.device instead",

@@ -48,7 +48,8 @@ def tiny_rm_path(tiny_dir):
 
 @pytest.fixture(scope="session")
 def actor_engine(tiny_actor_path):
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     # one of SGLang's own arguments (engines.sglang), not its default: read back in test_engine_errors
     eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384,
@@ -59,7 +60,8 @@ def actor_engine(tiny_actor_path):
 
 @pytest.fixture(scope="session")
 def reward_engine(tiny_rm_path):
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     # the one engine of the test process with SGLang metrics on (they are process-global)
     eng = SglangEngine(EngineConfig(tiny_rm_path, role="reward", device="cpu", max_total_tokens=16384,

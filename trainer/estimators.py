@@ -15,7 +15,7 @@ A group of one has baseline 0 (and std 1), as in verl: its advantage is its retu
 (whitened, for ``reinforce_baseline``). A group whose returns are all equal gets 0, never
 NaN. ``gae`` (with a critic) lives in `trainer/ppo_math.py`.
 
-Leaves out: where returns come from (`PPOTrainer.advantages`: the score minus the KL
+Leaves out: where returns come from (`trainer/advantages.py`: the score minus the KL
 penalty summed over the response when KL is in the reward), the losses.
 """
 

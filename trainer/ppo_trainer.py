@@ -8,9 +8,9 @@ ref_logprobs / old_logprobs / values (no grad) -> advantages -> train_critic /
 train_actor; the actor's full state dict for weight sync; the world-size independent
 training state for checkpoints; offload/onload of the sharded state on CUDA.
 
-Leaves out: rollouts and scoring (`engine/`), the KL coefficient schedule
-(`trainer/kl_control.py`: pass its value to `advantages`), writing checkpoints to disk
-and the step loop (`colocate/`).
+Leaves out: rollouts and scoring (`engine/`), the advantage math and the updates' per-token
+inputs (`trainer/advantages.py`), the KL coefficient schedule (`trainer/kl_control.py`:
+pass its value to `advantages`), writing checkpoints to disk and the step loop (`colocate/`).
 
 Ranks: every rank holds the same full `TrainBatch` (rank 0 broadcasts it). Which rows a
 rank runs, in which micro-batches, is a plan (`trainer/packing.py`): packed, rows are
@@ -47,8 +47,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from .advantages import actor_inputs, advantages as compute_advantages, critic_inputs
 from .errors import TrainerConfigError
-from .estimators import outcome_advantages
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
@@ -60,7 +60,7 @@ from .offload import HostStash
 from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
 from .packed import shared_plan_units, trainer_tokens
 from .packing import Plan, packed_micro_batches, row_micro_batches, unit_micro_batches
-from .rollout_logp import drift_terms, on_policy_mask, rollout_old_logp, stale_rows
+from .rollout_logp import drift_terms, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
 from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
 from .update import LossFn, Update, optimise
@@ -123,7 +123,7 @@ class PPOTrainer:
             return functools.partial(packed_value_forward, shared_prefix=True)
         return packed_value_forward if self.settings.packing else value_forward
 
-    # ---------------------------------------------------------------- no-grad phases
+    # ---------------------------------------------------------------- no-grad phases, advantages
 
     def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """Reference log-probs of the response tokens -> [B, T] (0 on padding): the frozen
@@ -187,41 +187,12 @@ class PPOTrainer:
             return packed_micro_batches(lengths, d.world_size, d.rank, s.token_budget)
         return row_micro_batches(batch.size, d.world_size, d.rank, s.micro_batch)
 
-    # ---------------------------------------------------------------- advantages
-
-    @torch.no_grad()
     def advantages(
         self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, values: torch.Tensor | None,
         kl_coef: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(advantages, returns, token_rewards, kl), each [B, T], all 0 outside `loss_mask`
-        (kl all 0 without a reference: `ref_logp` None).
-
-        Rewards: the score on each row's last model token, minus kl_coef x KL on every
-        model token when KL is in the reward (``kl_in="reward"``). gae: GAE over `values`
-        through the whole response, passing through environment tokens (`acting`), whitened
-        over model tokens if asked; returns = advantages + values. Critic-free: the group
-        estimator over each row's return (its rewards summed, `trainer/estimators.py`),
-        `values` unused; returns = that return on every model token.
-        """
-        s, loss_mask = self.settings, batch.loss_mask
-        if ref_logp is None:
-            kl = torch.zeros_like(old_logp)  # [B, T]: no reference, no KL term (settings.reference)
-        else:
-            kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
-            kl = torch.where(loss_mask, kl, torch.zeros_like(kl))
-        rewards = ppo_math.token_rewards(batch.scores, kl, loss_mask,
-                                         kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
-        if s.critic_free:
-            total = rewards.sum(-1)  # [B]
-            adv = outcome_advantages(total, batch.groups, loss_mask, s.advantage, s.norm_adv_by_std)  # [B, T]
-            returns = torch.where(loss_mask, total[:, None].expand_as(rewards), torch.zeros_like(rewards))  # [B, T]
-            return adv, returns, rewards, kl
-        adv, returns = ppo_math.gae_advantages(rewards, values, batch.response_mask, s.gamma, s.lam,
-                                               acting=loss_mask)  # [B, T]
-        if s.whiten_advantages:
-            adv = ppo_math.masked_whiten(adv, loss_mask)
-        return adv, returns, rewards, kl
+        """(advantages, returns, token_rewards, kl), each [B, T], 0 outside `loss_mask` (`trainer/advantages.py`)."""
+        return compute_advantages(self.settings, batch, old_logp, ref_logp, values, kl_coef)
 
     # ---------------------------------------------------------------- training phases
 
@@ -239,8 +210,7 @@ class PPOTrainer:
             )
             return loss, stats
 
-        keep = batch.loss_mask
-        extra = {"old_values": _model_tokens(values, keep), "returns": _model_tokens(returns, keep), "loss_mask": keep}
+        extra = critic_inputs(batch, values, returns)  # on model tokens only
         return self._optimise("critic", self.critic, self.critic_optim, batch, extra, loss_fn)
 
     def train_actor(
@@ -259,20 +229,8 @@ class PPOTrainer:
         entropy, grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max
         (|engine - trainer| log-prob on the first minibatch's tokens of `current_version`).
         """
-        s, mask = self.settings, batch.loss_mask
-        old_logp, advantages, behaviour = (_model_tokens(x, mask) for x in (old_logp, advantages, batch.behaviour_logp))
-        loss_mask = mask
-        if s.max_staleness is not None:
-            loss_mask = ppo_math.staleness_mask(batch.versions, current_version, s.max_staleness, mask)
-        extra = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask,
-                 "behaviour_logp": behaviour,
-                 "on_policy": on_policy_mask(batch.versions, mask, current_version)}
-        if s.is_cap is not None:
-            extra["is_weights"] = ppo_math.truncated_is_weights(behaviour, old_logp, mask, s.is_cap)
-        if s.kl_in == "loss" and s.reference:
-            if ref_logp is None:
-                raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")
-            extra["ref_logp"] = _model_tokens(ref_logp, mask)
+        s = self.settings
+        extra = actor_inputs(s, batch, old_logp, advantages, current_version, ref_logp)  # on model tokens only
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
@@ -432,12 +390,6 @@ class PPOTrainer:
         for optimizer in self._optimizers():
             move_optimizer_state(optimizer, device)
         torch.cuda.synchronize(self.dist.device)
-
-
-def _model_tokens(x: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """x [B, T] on the trained tokens, exactly 0 elsewhere (environment tokens, padding),
-    whatever x holds there: an inf/NaN left there would reach the gradient as 0 * inf."""
-    return torch.where(loss_mask.to(x.device), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:

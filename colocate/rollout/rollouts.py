@@ -41,7 +41,8 @@ from colocate.engine.rollout import Sample
 from colocate.engine.timeline import Timeline, mark
 from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
-from colocate.engine.runtime import EngineConfig, run_guarded
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn

@@ -28,7 +28,7 @@ from colocate.run import timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
 from colocate.engine.pool import EnginePool
-from colocate.engine.runtime import EngineConfig
+from colocate.engine.engine_config import EngineConfig
 from colocate.engine.start_checks import check_remote_code
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from colocate.engine.pool import EnginePool
-from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import SglangEngine
 
 
 @dataclasses.dataclass

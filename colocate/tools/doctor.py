@@ -18,7 +18,8 @@ import torch
 
 from colocate.assets.models import build_tiny_causal_lm, default_cache_dir
 from colocate.engine import rollout, sglang_api
-from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
 
 

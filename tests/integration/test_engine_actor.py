@@ -46,7 +46,8 @@ def test_greedy_matches_hf_tokens_and_logprobs(actor_engine, tiny_actor_path):
 
 
 def test_qwen2_actor_matches_hf(tiny_qwen_path):
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     eng = SglangEngine(EngineConfig(tiny_qwen_path, role="actor", device="cpu", max_total_tokens=4096))
     try:

@@ -8,7 +8,8 @@ import pytest
 
 from colocate.assets.models import build_tiny_bidirectional_model
 from colocate.engine.errors import EngineConfigError
-from colocate.engine.runtime import EngineConfig, EngineStartError, SglangEngine
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import EngineStartError, SglangEngine
 
 
 def test_missing_model_folder(tmp_path):

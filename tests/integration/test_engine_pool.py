@@ -14,7 +14,8 @@ import time
 import pytest
 
 from colocate.engine.pool import EnginePool
-from colocate.engine.runtime import EngineConfig, run_guarded
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import run_guarded
 
 pytestmark = pytest.mark.slow
 

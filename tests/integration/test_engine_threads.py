@@ -9,7 +9,8 @@ import pytest
 
 from colocate.engine import rollout
 from colocate.engine.rollout import Sample
-from colocate.engine.runtime import EngineConfig, SglangEngine
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import SglangEngine
 
 pytestmark = pytest.mark.slow
 

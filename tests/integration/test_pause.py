@@ -40,7 +40,8 @@ def _perturbed(path, seed=7):
 def in_place_engine(tiny_actor_path):
     """An actor engine as ``pause_mode=in_place`` builds it: no overlap scheduler (see
     ``EngineConfig.overlap_schedule``)."""
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384,
                                     overlap_schedule=False))
@@ -236,7 +237,8 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
 @pytest.fixture(scope="module")
 def one_at_a_time_engine(tiny_actor_path):
     """An in-place actor engine that runs one request at a time: the others wait in its queue."""
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     eng = SglangEngine(EngineConfig(tiny_actor_path, role="actor", device="cpu", max_total_tokens=16384,
                                     overlap_schedule=False, max_running_requests=1))

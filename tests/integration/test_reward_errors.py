@@ -27,7 +27,8 @@ from colocate.engine import oppo
 from colocate.engine.errors import RewardRequestError
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
-from colocate.engine.runtime import EngineConfig, SglangEngine, run_guarded
+from colocate.engine.engine_config import EngineConfig
+from colocate.engine.runtime import SglangEngine, run_guarded
 from colocate.engine.streamed import ScoreClient
 from colocate.assets.models import build_tiny_reward_model
 from colocate.rollout.rollout_phase import Prompt

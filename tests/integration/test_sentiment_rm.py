@@ -89,7 +89,8 @@ def test_tracks_vader_on_held_out_templates(model, tokenizer):
 
 def test_sglang_reward_engine_scores_like_hf(built, model, tokenizer):
     from colocate.engine import reward
-    from colocate.engine.runtime import EngineConfig, SglangEngine
+    from colocate.engine.engine_config import EngineConfig
+    from colocate.engine.runtime import SglangEngine
 
     prompts = sentiment_prompts(3, seed=1)
     seqs = []

@@ -31,7 +31,7 @@ def test_explicit_budget_wins():
 
 def test_reward_engine_config_carries_the_run_settings_and_survives_json():
     """The feeder process gets its reward engine's config as JSON (``--engine-json``)."""
-    from colocate.engine.runtime import EngineConfig
+    from colocate.engine.engine_config import EngineConfig
 
     cfg = load_config(overrides=["overlap.mode=oppo", "overlap.feeder=process", "models.dtype=bfloat16",
                                  "run.seed=7", "engines.reward_max_total_tokens=4096",

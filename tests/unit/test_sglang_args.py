@@ -12,7 +12,7 @@ import pytest
 from colocate.config import from_dict, load_config, to_dict
 from colocate.engine import sglang_api
 from colocate.engine.errors import EngineConfigError
-from colocate.engine.runtime import EngineConfig, _server_kwargs
+from colocate.engine.engine_config import EngineConfig, _server_kwargs
 from colocate.engine.start_checks import OWN_SERVER_ARGS, check_server_args
 from colocate.errors import CONFIG_ERRORS, ConfigError
 from colocate.run import builder

@@ -13,7 +13,8 @@ import torch
 
 from colocate.run import builder, timesharing, weight_sync
 from colocate.config import load_config
-from colocate.engine.runtime import MEMORY_TAGS, EngineConfig, _server_kwargs
+from colocate.engine.engine_config import EngineConfig, _server_kwargs
+from colocate.engine.runtime import MEMORY_TAGS
 from colocate.engine.start_checks import EngineStartError, check_allocator_conf
 from colocate.errors import ConfigError
 

@@ -1,0 +1,146 @@
+"""How one SGLang engine is configured, and the SGLang arguments that configuration becomes.
+
+Owns: :class:`EngineConfig` (frozen, hashable and JSON-safe: a pool takes engines by equal
+config, a feeder process gets it as JSON), SGLang's own arguments frozen into sorted
+``(name, value)`` pairs (:func:`frozen_server_args`), and the keyword arguments of
+SGLang's ``ServerArgs`` built from a config on a device (``_server_kwargs``: what colocate
+decides, the CPU defaults, SGLang's own arguments passed last).
+
+Leaves out: starting and driving the engine (``engine.runtime``); the checks of a config
+and of SGLang's own arguments (``engine.start_checks``); SGLang imports
+(``engine.sglang_api``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+from .start_checks import check_server_arg_values
+
+Role = Literal["actor", "reward"]
+
+CPU_MEM_FRACTION = 0.5
+CPU_DEFAULT_POOL_TOKENS = 65536  # KV pool on CPU when max_total_tokens is None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """How to start one SGLang engine. Defaults suit a 2-core CPU and small models."""
+
+    model_path: str
+    role: Role = "actor"
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"
+    seed: int = 0
+    context_length: int | None = None  # None: the model's max_position_embeddings
+    max_total_tokens: int | None = 65536  # KV pool size in tokens (None: SGLang sizes it)
+    mem_fraction_static: float = 0.3  # GPU memory share for weights + KV (GPU only)
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    attention_backend: str | None = None  # None: torch_native on CPU, SGLang's pick on GPU
+    log_level: str = "error"  # SGLang's; debug or info also keep its weight-loading progress bars
+    enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
+    # GPU: keep a host copy of the weights while they are released, so they come back with
+    # their contents. On for the reward engine (nothing ever pushes its weights again); off
+    # for the actor, whose weights are pushed after every wake.
+    weights_cpu_backup: bool = False
+    # Token counters incl. radix-cache hits (cache_stats). SGLang registers its metrics
+    # process-wide and never unregisters them, so at most one engine per process lifetime
+    # may turn them on (e.g. a diagnostic reward engine); off by default.
+    enable_metrics: bool = False
+    trust_remote_code: bool = False  # run code shipped in the model folder (auto_map)
+    threads: int = 0  # CPU: torch threads of the scheduler process (0: torch's default, all cores)
+    base_gpu_id: int = 0  # CUDA: the engine's first GPU (each training rank's engine sits on its own)
+    tp_size: int = 1  # CUDA: tensor-parallel GPUs of the engine, from base_gpu_id on
+    nccl_port: int | None = None  # the scheduler's process-group port (None: SGLang picks a free one)
+    # SGLang's overlap scheduler runs a batch while the last one's result is processed. Off
+    # for an actor whose requests pause in place across weight updates: the batch in flight
+    # at the pause finishes under the old weights, but SGLang 0.5.23 counts its token as the
+    # new version's (measured: one token per paused request, its log-prob the old weights')
+    overlap_schedule: bool = True
+    # SGLang's own LoRA serving (engine.lora_serving): adapters loaded by name next to the
+    # base weights, applied per request. 0: off; > 0: the largest adapter rank it accepts
+    lora_rank: int = 0
+    lora_target_modules: str = ""  # comma-separated, e.g. "q_proj,v_proj" ("": SGLang's "all"); JSON-safe
+    lora_backend: str | None = None  # None: torch_native on CPU, SGLang's pick (csgmv) on GPU
+    cuda_graph: bool = True  # CUDA: capture CUDA graphs for decoding (always off on CPU)
+    # SGLang's own arguments (its ServerArgs) passed last, as (name, value) pairs sorted by
+    # name, lists as tuples (hashable; a mapping or list of pairs is accepted and frozen);
+    # checked before start-up (engine.start_checks)
+    server_args: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "server_args", frozen_server_args(self.server_args))
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} engine ({self.model_path})"
+
+
+def frozen_server_args(args: Mapping[str, Any] | Iterable[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """``args`` (a mapping, or ``(name, value)`` pairs: JSON gives lists) as pairs sorted by
+    name with every list a tuple; a mapping value is refused in one line."""
+    pairs = dict(args.items() if isinstance(args, Mapping) else (tuple(p) for p in args))
+    check_server_arg_values(pairs)
+    return tuple((str(name), _frozen(value)) for name, value in sorted(pairs.items()))
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _thawed(value: Any) -> Any:
+    return [_thawed(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        model_path=str(Path(cfg.model_path).expanduser()),
+        device=device,
+        dtype=cfg.dtype,
+        random_seed=cfg.seed,
+        skip_tokenizer_init=True,
+        log_level=cfg.log_level,
+        sleep_on_idle=True,  # an idle scheduler otherwise spins a full core
+        context_length=cfg.context_length,
+        max_running_requests=cfg.max_running_requests,
+        enable_metrics=cfg.enable_metrics,
+        trust_remote_code=cfg.trust_remote_code,
+        nccl_port=cfg.nccl_port,
+        weight_version="0",  # numeric from the start: tokens carry exact version spans
+        disable_overlap_schedule=not cfg.overlap_schedule or None,
+    )
+    if cfg.max_total_tokens is not None:
+        kw["max_total_tokens"] = cfg.max_total_tokens
+    if cfg.chunked_prefill_size is not None:
+        kw["chunked_prefill_size"] = cfg.chunked_prefill_size
+    if cfg.role == "reward":
+        kw["is_embedding"] = True
+    if cfg.lora_rank > 0:
+        kw.update(enable_lora=True, max_lora_rank=cfg.lora_rank,
+                  lora_target_modules=[m.strip() for m in cfg.lora_target_modules.split(",") if m.strip()] or ["all"])
+        backend = cfg.lora_backend or ("torch_native" if device == "cpu" else None)
+        if backend:
+            kw["lora_backend"] = backend
+    if device == "cpu":
+        kw["attention_backend"] = cfg.attention_backend or "torch_native"
+        # CPU: SGLang budgets the KV pool as (RAM free after loading) - (1 - f) x (RAM free
+        # before), so loading may take at most f of the free RAM; 0.05 failed once other
+        # processes had taken RAM (SmolLM2 needed 0.056). The pool itself is max_total_tokens.
+        kw["mem_fraction_static"] = CPU_MEM_FRACTION
+        kw.setdefault("max_total_tokens", CPU_DEFAULT_POOL_TOKENS)
+        kw["disable_cuda_graph"] = True
+    else:
+        kw["mem_fraction_static"] = cfg.mem_fraction_static
+        kw["enable_memory_saver"] = cfg.enable_memory_saver
+        kw["enable_weights_cpu_backup"] = cfg.enable_memory_saver and cfg.weights_cpu_backup
+        kw["base_gpu_id"] = cfg.base_gpu_id
+        kw["tp_size"] = cfg.tp_size
+        if cfg.attention_backend:
+            kw["attention_backend"] = cfg.attention_backend
+        if not cfg.cuda_graph:
+            kw["disable_cuda_graph"] = True
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return kw | {name: _thawed(value) for name, value in cfg.server_args}
