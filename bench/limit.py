@@ -24,7 +24,7 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     from colocate.engine import rollout
 
     B = session.cfg.rollout.batch_size + session.cfg.overlap.delta_max
-    prompts = [list(p.ids) for p in session.stream.prompts[:B]] or [[1, 2, 3]] * B
+    prompts = [list(p.ids) for p in session.data.prompts[:B]] or [[1, 2, 3]] * B
     samples = [rollout.Sample(i, p, tokens) for i, p in enumerate(prompts)]
     loop = session.actor.loop
     warm = [rollout.Sample(i, p, 4) for i, p in enumerate(prompts)]

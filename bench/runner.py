@@ -69,7 +69,7 @@ class _Sessions:
                 self.close()
                 self.built, self.rebuilds = {}, self.rebuilds + 1
             session = builder.build(_mode_cfg(self.cfg, mode), reward_fns=self.reward_fns, log=lambda m: None)
-            self.built[key] = (session, session.trainer.state_dict(), session.kl_ctl.state_dict())
+            self.built[key] = (session, session.trainer.state_dict(), session.state.kl_ctl.state_dict())
         return self.built[key]
 
     def close(self) -> None:
@@ -79,7 +79,7 @@ class _Sessions:
 
 def _events(session) -> list[dict[str, Any]]:
     """The rollout timeline's events since the last call (``run.timeline``; none without)."""
-    return session.timeline.take() if session.timeline is not None else []
+    return session.run.timeline.take() if session.run.timeline is not None else []
 
 
 def fits_beside(session_mb: float, free: float, margin: float = 1.5) -> bool:

@@ -186,13 +186,13 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if progress is not None:
             progress.close()
         session.close()
-    all_steps = read(session.out_dir / "metrics.jsonl") if session.is_main else history
-    return Summary(session.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
-                   stop.reason, read(session.out_dir / "eval.jsonl") if session.is_main else [], session.is_main)
+    all_steps = read(session.run.out_dir / "metrics.jsonl") if session.is_main else history
+    return Summary(session.run.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
+                   stop.reason, read(session.run.out_dir / "eval.jsonl") if session.is_main else [], session.is_main)
 
 
 def _write_run_files(session) -> None:
-    out = session.out_dir
+    out = session.run.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(session.cfg), indent=1))
     for name in ("metrics.jsonl", "eval.jsonl"):

@@ -16,7 +16,7 @@ twice. When a later step launches the sample again it adopts the live stream ins
 sending a new request: the tokens produced meanwhile, and the finish, are already there.
 
 Leaves out: when to pause and continue the engine (``engine.oppo`` pauses at the cut; the
-time-sharing continues it after the weight sync and the KV wake), what to defer (``engine.scheduler``).
+time-sharing continues it after the weight sync and the KV wake), what to defer (``colocate.rollout.scheduler``).
 """
 
 from __future__ import annotations

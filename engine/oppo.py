@@ -15,7 +15,7 @@ evaluation) is the case without streaming and without a cut, scoring every sampl
 generation ended (``score_all``: one batch on the reward model, as a sequential step always
 scored).
 
-Leaves out: which samples to launch and what to defer (``engine.scheduler``), training.
+Leaves out: which samples to launch and what to defer (``colocate.rollout.scheduler``), training.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any, Sequence, TypeVar
 
-from colocate.rollout.rollout_phase import prompt_samples, sampling_params
+from colocate.rollout.rollout_phase import sampling_params
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ def evaluate(session, answered: list | None = None) -> dict[str, Any]:  # noqa: 
     s = session
     r = s.cfg.rollout
     started = time.perf_counter()
-    samples = prompt_samples(s.eval_prompts, r.max_new_tokens)
+    samples = s.data.eval_samples(r.max_new_tokens)
     s.rollouts.evaluate(samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos), s.state.step)
     if answered is not None:
         answered.extend(samples)

@@ -1,8 +1,9 @@
 """The rollout phase of one engine rank, in every mode, and its lifetime: the one path
 every ``overlap.mode`` goes through.
 
-Owns: :class:`Rollouts`, which holds the length-aware scheduler (its deferred samples
-carry their prompt records, groups and, once finished, scores), the scorer
+Owns: :class:`Rollouts`, which holds the length-aware scheduler (handed, each step, the
+data source's deferred samples and fresh groups; what it defers goes back to the data
+source, with the samples' prompt records, groups and, once finished, scores), the scorer
 (``colocate.rollout.scoring``), the chunk-size tuner, and — when a mode streams — the reward
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
@@ -33,13 +34,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colocate.rollout.auto_mode import AutoPolicy, ModePicker
+from colocate.rollout.data_source import DataSource
 from colocate.config import Config, OverlapConfig
 from colocate.engine import oppo, streamed
 from colocate.engine.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.engine.rollout import Sample
 from colocate.engine.timeline import Timeline, mark
-from colocate.engine.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
+from colocate.rollout.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
@@ -175,13 +177,15 @@ class Rollouts:
             self._tmp.cleanup()
 
     # ---- one step ----------------------------------------------------------------------
-    def rollout(self, new_sample, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
+    def rollout(self, data: DataSource, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
         """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
-        order. ``new_sample(index)``: a fresh sample (``Session.new_sample``). The step's
-        mode is ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
+        order. ``data``: this rank's data source, which hands the scheduler its deferred
+        samples and fresh groups and keeps what the step defers. The step's mode is
+        ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
         name, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
         step_mode = by_name(name)
-        plan = self.scheduler.plan(new_sample, version, defer=step_mode.defers)
+        plan = self.scheduler.plan(data.take_deferred(), data.groups(), version, defer=step_mode.defers)
+        data.defer(plan.kept, dropped=len(plan.dropped))
         carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
@@ -203,12 +207,13 @@ class Rollouts:
                 self.env.step_ended()
         elapsed = time.perf_counter() - started
         train, defer = self.scheduler.select(ended)
+        data.defer(defer)
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
             self._record_auto(step, name, elapsed, len(train), measured and (step_mode.defers or not carried))
         for fate, group in (("trained", train), ("deferred", defer)):
             for s in group:
                 mark(self.timeline, fate, s.index)
-        stats = {"deferred": len(self.scheduler.deferred), "parked": len(self.live), "delta": plan.delta,
+        stats = {"deferred": len(data.deferred), "parked": len(self.live), "delta": plan.delta,
                  "chunk_size": chunk, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
@@ -294,35 +299,13 @@ class Rollouts:
         self.scheduler.observe_reward(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
+        """The Δ controller, chunk tuner and (``overlap.mode=auto``) the picker; the deferred
+        samples are the data source's (``DataSource.state_dict``)."""
         auto = {"auto": self.picker.state_dict()} if self.picker is not None else {}
-        # scores_scaled: deferred samples' scores are rewards (reward.scale applied)
-        return {"scheduler": self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), "scores_scaled": True,
-                **auto}
+        return {**self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), **auto}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Also reads checkpoints written before samples carried their score and prompt
-        record (both then lived in per-index maps beside the scheduler), and before a
-        score included ``reward.scale`` (it is applied on load)."""
-        scheduler = state["scheduler"]
-        scores, records = state.get("ready_scores", {}), state.get("records", {})
-        for d in scheduler["deferred"]:
-            d.setdefault("score", scores.get(str(d["index"])))
-            d.setdefault("record", records.get(str(d["index"]), {}))
-            if not state.get("scores_scaled") and d["score"] is not None:
-                d["score"] = d["score"] * self.cfg.reward.scale
-        self.scheduler.load_state_dict(scheduler)
+        self.scheduler.load_state_dict(state)
         self.tuner.load_state_dict(state["tuner"])
         if self.picker is not None and "auto" in state:
             self.picker.load_state_dict(state["auto"])
-
-
-def scheduler_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler's part (deferred buffer, Δ controller) of a saved rollout state
-    (:meth:`Rollouts.state_dict`)."""
-    return state["scheduler"]
-
-
-def with_scheduler_state(state: dict[str, Any], scheduler: dict[str, Any]) -> dict[str, Any]:
-    """A saved rollout state like ``state`` (its chunk tuner, auto picker, score scaling)
-    with ``scheduler`` as its scheduler's part."""
-    return {**state, "scheduler": scheduler}

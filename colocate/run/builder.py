@@ -40,12 +40,12 @@ from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
 from colocate.run.preflight import check_contexts
-from colocate.run.prompt_stream import PromptStream
 from colocate.rollout.named_rewards import named_reward_fns
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
+from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollouts import Rollouts
 from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
-from colocate.run.session import RunState, Session, decode_text, stop_ids, tokenize_prompts
+from colocate.run.session import RunContext, RunState, Session, decode_text, stop_ids, tokenize_prompts
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
@@ -316,9 +316,9 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     env_errors = EnvErrors()  # one count across the rollout phases a session builds (the bench's per mode)
     fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in inputs.reward_fns]
     rollouts = None
-    hosted = RankEngines()
+    hosted = RankEngines(placement=placement)
     if placement.hosts_engines:  # the reward engine unless a feeder process hosts its own
-        hosted = RankEngines.start(actor_cfg, None if own_feeder(cfg) else reward_cfg, engines)
+        hosted = RankEngines.start(actor_cfg, None if own_feeder(cfg) else reward_cfg, engines, placement)
         log(hosted.describe(placement.engine_ranks))
     actor, reward = hosted.actor, hosted.reward
     # seeded only now: SGLang picks its ports with the global `random`, so seeding it before
@@ -330,7 +330,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         if barrier is not None:
             barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
         # every rank, same order: each TP rank of an engine loads its own training rank's copy of the weights
-        tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
+        hosted.tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
         loading = time.perf_counter()
         trainer = make_trainer(cfg, inputs.actor_path, inputs.critic_path, dist)
         log(loaded("trainer", params({"actor": trainer.actor, "reference": trainer.ref, "critic": trainer.critic}),
@@ -345,16 +345,15 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                                  env, env_errors)
 
         rollouts = rollouts_for(cfg) if placement.hosts_engines else None
-        sharing = timesharing.TimeSharing([actor, reward], trainer, log, device_push=dist.device.type == "cuda",
-                                          # the session's rollout phase of the moment (the bench builds a fresh one per mode)
-                                          quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None,
-                                          barrier=barrier)
-        stream = PromptStream(inputs.prompts, cfg.rollout, cfg.run.seed, placement)
-        session = Session(cfg, dist, trainer, hosted, fns, tokenizer, stream, kl_ctl,
-                          RunState(), sharing, out_dir, log, rollouts,
-                          eval_prompts=inputs.eval_prompts, reward_errors=reward_errors, placement=placement,
-                          timeline=timeline, tp_exchange=tp,
-                          rollouts_for=rollouts_for if placement.hosts_engines else None)
+        data = DataSource(inputs.prompts, cfg.rollout, cfg.run.seed, placement.engine_rank, placement.engine_ranks,
+                          eval_prompts=inputs.eval_prompts)
+        context = RunContext(tokenizer, out_dir, log, fns, reward_errors, timeline,
+                             rollouts_for if placement.hosts_engines else None)
+        session = Session(cfg, dist, trainer, hosted, data, rollouts, RunState(kl_ctl), context)
+        hosted.sharing = timesharing.TimeSharing(
+            [actor, reward], trainer, log, device_push=dist.device.type == "cuda", barrier=barrier,
+            # the session's rollout phase of the moment (the bench builds a fresh one per mode)
+            quiesce=(lambda: session.rollouts.drain()) if rollouts is not None else None)
         if resume is not None:
             session.restore(Path(resume))
         session.wake_engines(resumed=resume is not None)

@@ -1,6 +1,7 @@
 """This rank's engines for one run: the actor and the inline reward engine.
 
-Owns: :class:`RankEngines`: starting them (or taking them from an
+Owns: :class:`RankEngines`: where they run (``Placement``), how they time-share the device
+with the trainer (``TimeSharing``) and the tensor-parallel weight exchange; starting them (or taking them from an
 :class:`~colocate.engine.pool.EnginePool` the caller keeps across runs), the one
 start-up log line, the request counters the step reports, and handing them back at the
 end (shut down, or kept by the pool). A rank without engines (``Placement.hosts_engines``
@@ -15,6 +16,9 @@ import dataclasses
 from colocate.engine.pool import EnginePool
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
+from colocate.run.placement import Placement
+from colocate.run.timesharing import TimeSharing
+from colocate.run.tp_exchange import TPExchange
 
 
 @dataclasses.dataclass
@@ -23,13 +27,18 @@ class RankEngines:
     reward: SglangEngine | None = None  # None: rule rewards only, or the feeder's process hosts it
     pool: EnginePool | None = None  # where they go back at the end; None: shut down
     kept: tuple[str, ...] = ()  # roles whose engine served an earlier run (taken from the pool)
+    placement: Placement = Placement()  # who generates where (one rank: everything here)
+    # how they share the device with the trainer (colocate.run.timesharing.TimeSharing; set once
+    # the trainer is built) and, with engines.tp_size > 1, the weights' exchange in the TP group
+    sharing: TimeSharing | None = None
+    tp: TPExchange | None = None
 
     @classmethod
     def start(cls, actor_cfg: EngineConfig, reward_cfg: EngineConfig | None,
-              pool: EnginePool | None = None) -> RankEngines:
+              pool: EnginePool | None = None, placement: Placement = Placement()) -> RankEngines:
         """Start (or take from ``pool``) the actor engine and, with ``reward_cfg``, the reward
         engine; a failure leaves nothing running."""
-        engines = cls(pool=pool)
+        engines = cls(pool=pool, placement=placement)
         try:
             engines.actor = engines._take(actor_cfg, "models.actor")
             if reward_cfg is not None:

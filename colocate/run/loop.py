@@ -39,7 +39,9 @@ def rollout(s: Session) -> StepRollout | None:
     if s.rollouts is None:
         return None
     served = s.engine_requests()
-    part = s.rollouts.rollout(s.new_sample, s.state.step, s.state.weight_version, _sampling(s))
+    s.fault("engine", s.state.step + 1)  # run.fault_at's points before the step's first request
+    s.fault("generate", s.state.step + 1)
+    part = s.rollouts.rollout(s.data, s.state.step, s.state.weight_version, _sampling(s))
     s.fault("score", s.state.step + 1)
     return part.with_stats(s.requests_since(served))
 
@@ -64,14 +66,14 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     s.set_phase("train")
     if not all(math.isfinite(v) for v in scores):
         return _skipped(s, t_step, "non-finite reward from the reward model/functions")
-    pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0
+    pad = s.run.tokenizer.pad_token_id if s.run.tokenizer.pad_token_id is not None else 0
     batch = make_batch([x.prompt_ids for x in samples], [x.output_ids for x in samples], pad, scores,
                        [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples],
                        loss_masks=[x.loss_mask for x in samples])  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     computed, sample_tokens = s.trainer.pass_tokens(batch)  # a group's prompt once (ppo.shared_prefix)
     with timer("sleep_wake"):
-        s.timesharing.sleep_engines()
+        s.engines.sharing.sleep_engines()
     ref_logp = None
     if s.trainer.settings.reference:  # none when the KL is off (ppo.kl_coef=0, fixed)
         with timer("ref"):
@@ -84,7 +86,7 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
         with timer("values"):
             values = s.trainer.values(batch)
     with timer("advantages"):
-        adv, returns, _, kl = s.trainer.advantages(batch, old_logp, ref_logp, values, s.kl_ctl.value)
+        adv, returns, _, kl = s.trainer.advantages(batch, old_logp, ref_logp, values, s.state.kl_ctl.value)
     critic_stats = {}
     if critic:
         with timer("critic"):
@@ -92,16 +94,16 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     s.fault("update", s.state.step + 1)
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
-                                            ref_logp=ref_logp, kl_coef=s.kl_ctl.value)
+                                            ref_logp=ref_logp, kl_coef=s.state.kl_ctl.value)
     mean_kl = None
     if ref_logp is not None:
         mean_kl = float((kl * batch.loss_mask.float()).sum(-1).mean())
-        s.kl_ctl.update(mean_kl, len(scores))
+        s.state.kl_ctl.update(mean_kl, len(scores))
     if s.rollouts is not None:
         s.rollouts.observe_reward(statistics.fmean(scores))
     s.state.step += 1
     s.set_phase("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
-    timer.seconds["sync"] = s.timesharing.wake_and_sync(
+    timer.seconds["sync"] = s.engines.sharing.wake_and_sync(
         s.gather_weights, lambda full: rank_failure.agree(lambda: s.push_weights(full), s.dist, "sync"))
     s.set_phase("idle")
     rec = _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
@@ -128,7 +130,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "response_len": n_tokens / len(samples),
         "prompt_len": sum(len(x.prompt_ids) for x in samples) / len(samples),
         **({"kl": mean_kl} if mean_kl is not None else {}),  # no reference: no KL to report
-        "kl_coef": s.kl_ctl.value,
+        "kl_coef": s.state.kl_ctl.value,
         "weight_version": s.state.weight_version,
         "step_s": step_s,
         "response_tokens_per_s": n_tokens / step_s,
@@ -136,8 +138,8 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "mem/rss_mb": mlog.rss_mb(),
         "mem/train_state_mb": s.trainer.state_mb(),  # parameters, gradients, optimizer moments (this rank)
         "sync/pushed_mb": s.sync_mb(),  # weights pushed into the engine per sync (LoRA: the adapted linears)
-        "reward/fn_errors": s.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
-        **s.timesharing.take_stats(),  # sync/push_s; CUDA: gpu/* memory at each sleep and wake
+        "reward/fn_errors": s.run.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
+        **s.engines.sharing.take_stats(),  # sync/push_s; CUDA: gpu/* memory at each sleep and wake
         **{f"time/{k}": v for k, v in timer.seconds.items()},
         **data.stats,  # rollout/* and overlap/* (zeros where the mode has no overlap)
         **{f"actor/{k}": v for k, v in actor_stats.items()},
@@ -151,7 +153,7 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
     """Run steps until ``run.steps`` (or ``stop.requested``, checked at each step boundary);
     log every step, checkpoint every ``run.save_every``, at the end, on a stop request,
     and after a failure that left the trainer intact."""
-    log = mlog.MetricsLog(s.out_dir, enabled=s.is_main, wandb=_wandb_run(s))
+    log = mlog.MetricsLog(s.run.out_dir, enabled=s.is_main, wandb=_wandb_run(s))
     history = []
     saved_at = None
     try:
@@ -170,8 +172,8 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             if s.is_main:  # what the model wrote: decoded on the rank that writes it only
                 log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, version,
                                                                 s.cfg.run.log_samples))
-            if s.timeline is not None:
-                log.write_timeline(s.timeline.take())
+            if s.run.timeline is not None:
+                log.write_timeline(s.run.timeline.take())
             for cb in callbacks:
                 cb(rec)
             if progress is not None:
@@ -196,15 +198,15 @@ def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | Non
     try:
         return run()
     except USER_ERRORS as exc:
-        rank_failure.post(s.dist, s.phase, exc)
-        path = s.save_after_failure() if s.phase != "eval" or saved_at != s.state.step else None
+        rank_failure.post(s.dist, s.state.phase, exc)
+        path = s.save_after_failure() if s.state.phase != "eval" or saved_at != s.state.step else None
         if path is not None:
             s.log(f"checkpoint of the last completed step written to {path}")
         raise
     except BaseException as exc:
         if s.dist.world_size > 1 and isinstance(exc, RuntimeError) and lost_peer(exc):
-            raise rank_failure.RankFailedError(rank_failure.lost_line(s.dist, s.phase, exc)) from None
-        rank_failure.post(s.dist, s.phase, exc)
+            raise rank_failure.RankFailedError(rank_failure.lost_line(s.dist, s.state.phase, exc)) from None
+        rank_failure.post(s.dist, s.state.phase, exc)
         raise
 
 
@@ -218,7 +220,7 @@ def _stopping(s: Session, stop) -> bool:
 def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
     """The held-out evaluation when it is due (rank 0: it only uses the engines; every
     rank learns whether it failed, ``rank_failure.agree``)."""
-    if not (s.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
+    if not (s.data.eval_prompts and evaluation.due(s.state.step, s.cfg.run.eval_every, s.cfg.run.steps)):
         return
     s.set_phase("eval")
     samples = []
@@ -236,4 +238,4 @@ def _maybe_evaluate(s: Session, log: mlog.MetricsLog) -> None:
 def _wandb_run(s: Session):
     if not (s.is_main and s.cfg.run.wandb_project):
         return None
-    return WandbRun(s.cfg.run, s.out_dir, to_dict(s.cfg), resumed=s.state.step > 0)
+    return WandbRun(s.cfg.run, s.run.out_dir, to_dict(s.cfg), resumed=s.state.step > 0)

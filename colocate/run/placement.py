@@ -26,6 +26,7 @@ import socket
 from typing import Mapping
 
 from colocate.errors import ConfigError
+from colocate.rollout.data_source import union_id  # noqa: F401  (re-exported: the union's names)
 from colocate.trainer.distributed import local_device_index
 
 PORT_BASE = 31000  # NCCL ports of the engines' schedulers: PORT_BASE + PORT_SPAN * (2 * local rank + role)
@@ -114,12 +115,6 @@ class Placement:
                 return port
         raise ConfigError(f"no free port in {start}-{start + PORT_SPAN - 1} for the {role} engine of local rank "
                           f"{self.local_rank}; free one (another run on this node?)")
-
-
-def union_id(local: int, rank: int, ranks: int) -> int:
-    """Engine rank ``rank``'s local sample index (or group id) in the union of ``ranks``
-    ranks' shares: interleaved, so the union is what one rank would have drawn."""
-    return local * ranks + rank
 
 
 def _free(port: int) -> bool:

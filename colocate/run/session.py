@@ -1,16 +1,18 @@
 """What a PPO run holds between steps, and the operations that span its owners.
 
-Owns: :class:`Session`, one run on a rank as typed owners, each keeping its own state:
-this rank's engines (``RankEngines``), the trainer, the rollout phase (``Rollouts``:
-scheduler, deferred buffer, chunk tuner), the prompt stream (``PromptStream``), the KL
-controller and :class:`RunState` (step, weight version); and what spans them: phase
-changes and their watchers, the plain-Python snapshot that lets a failed rollout
-checkpoint the last completed step, saving and restoring checkpoints (trainer, KL
-controller, weight version, RNG, and every engine rank's prompt stream position and
-deferred buffer), and pushing the actor weights into this rank's engine (also the first
-push, when an engine was kept from an earlier run). Leaves out: construction and start-up
-order (``colocate.run.builder``), where engines run (``colocate.run.placement``) and the
-step itself (``colocate.run.loop``).
+Owns: :class:`Session`, one run on a rank as eight owners, each keeping its own state:
+the config, the process group, the trainer, this rank's engines (``RankEngines``: where
+they run, their time-sharing with the trainer, the tensor-parallel exchange), its data
+source (``DataSource``: prompts, position, deferred samples), its rollout phase
+(``Rollouts``: scheduler, chunk tuner, feeder), the run's progress (:class:`RunState`:
+step, weight version, KL controller, phase) and what the run reads and writes
+(:class:`RunContext`); and what spans them: the plain-Python snapshot that lets a failed
+rollout checkpoint the last completed step, a checkpoint as those owners' states side by
+side (every engine rank's data source and rollout phase; older layouts are read by
+``colocate.run.checkpoint_layouts`` alone), and pushing the actor weights into this
+rank's engine (also the first push, when an engine was kept from an earlier run). Leaves
+out: construction and start-up order (``colocate.run.builder``), where engines run
+(``colocate.run.placement``) and the step itself (``colocate.run.loop``).
 """
 
 from __future__ import annotations
@@ -26,23 +28,20 @@ import torch
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from colocate.run import checkpoint, rank_rollouts, weight_sync
+from colocate.run import checkpoint, checkpoint_layouts, weight_sync
 from colocate import faults
 from colocate.config import Config
-from colocate.engine.rollout import Sample
 from colocate.engine.runtime import SglangEngine
 from colocate.engine.timeline import Timeline, mark
 from colocate.errors import ConfigError, cause_line
 from colocate.run.engines import RankEngines
-from colocate.run.placement import Placement
-from colocate.run.prompt_stream import PromptStream
-from colocate.run.tp_exchange import TPExchange
+from colocate.rollout import data_source
+from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollouts import Rollouts
 from colocate.run.resume import check_checkpoint
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
 from colocate.rollout.rollout_phase import Prompt
 from colocate.assets.tasks import chat_prompt_ids
-from colocate.run.timesharing import TimeSharing
 from colocate.trainer.distributed import DistInfo, all_gather_object
 from colocate.trainer.kl_control import KLController
 from colocate.trainer.ppo_trainer import PPOTrainer
@@ -50,12 +49,40 @@ from colocate.trainer.ppo_trainer import PPOTrainer
 
 @dataclasses.dataclass
 class RunState:
-    """Plain-Python progress of a run; saved in every checkpoint (with the prompt stream's
-    position, ``PromptStream.state_dict``, beside it)."""
+    """The run's progress and where it is: steps done, the weight version the engines serve,
+    the KL controller, the phase (rollout | train | sync | eval | idle: where a failure
+    happened; watchers are told of each change) and the last completed step's plain-Python
+    snapshot (:meth:`Session.begin_step`). Its checkpoint part: step, version, KL."""
 
+    kl_ctl: KLController
     step: int = 0
     weight_version: int = 0
-    kl: dict[str, Any] = dataclasses.field(default_factory=dict)
+    phase: str = "idle"
+    watchers: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
+    snapshot: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "weight_version": self.weight_version, "kl": self.kl_ctl.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.weight_version = int(state["step"]), int(state["weight_version"])
+        self.kl_ctl.load_state_dict(state["kl"])
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What the run reads and writes: the actor's tokenizer, the reward functions (and their
+    error count, ``reward.on_error=zero``), the run folder, the log, rank 0's rollout
+    timeline (``run.timeline``) and how a rollout phase is built for a config on this
+    rank's engines (``builder.make_rollouts``; None without engines)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    out_dir: Path
+    log: Callable[[str], None] = print
+    reward_fns: list[RewardFn] = dataclasses.field(default_factory=list)
+    reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)
+    timeline: Timeline | None = None
+    rollouts_for: Callable[[Config], Rollouts] | None = None
 
 
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
@@ -105,26 +132,10 @@ class Session:
     dist: DistInfo
     trainer: PPOTrainer
     engines: RankEngines  # this rank's actor and reward engine (none on a rank without engines)
-    reward_fns: list[RewardFn]
-    tokenizer: PreTrainedTokenizerBase
-    stream: PromptStream  # this rank's training prompts and its position in them
-    kl_ctl: KLController
+    data: DataSource  # this engine rank's prompts, position and deferred samples
+    rollouts: Rollouts | None  # the rollout phase on each engine rank (every mode), else None
     state: RunState
-    timesharing: TimeSharing
-    out_dir: Path
-    log: Callable[[str], None]
-    rollouts: Rollouts | None = None  # the rollout phase on each engine rank (every mode), else None
-    phase: str = "idle"  # rollout | train | sync | idle: where a failure happened
-    _snapshot: dict[str, Any] | None = None
-    _phase_watchers: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
-    eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
-    reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)  # reward.on_error=zero
-    placement: Placement = Placement()  # who generates where (one rank: everything here)
-    timeline: Timeline | None = None  # rank 0's per-request timeline when run.timeline, else None
-    _drawn: bool = False  # whether this step drew its first sample (run.fault_at's "generate" point)
-    tp_exchange: TPExchange | None = None  # with engines.tp_size > 1 (every rank), else None
-    # builds the rollout phase of a config on this rank's engines (builder.make_rollouts); None without engines
-    rollouts_for: Callable[[Config], Rollouts] | None = None
+    run: RunContext
 
     @property
     def actor(self) -> SglangEngine | None:
@@ -138,28 +149,26 @@ class Session:
 
     def watch_phases(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(phase)`` at every phase change (e.g. a progress bar)."""
-        self._phase_watchers.append(callback)
+        self.state.watchers.append(callback)
 
     @property
     def stop_ids(self) -> list[int]:
         """Token ids that end a response: the tokenizer's EOS and pad."""
-        return stop_ids(self.tokenizer)
+        return stop_ids(self.run.tokenizer)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, special tokens left out (`decode_text`)."""
-        return decode_text(self.tokenizer, ids)
+        return decode_text(self.run.tokenizer, ids)
+
+    def log(self, message: str) -> None:
+        self.run.log(message)
 
     def begin_step(self) -> None:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
         during the rollout can still checkpoint exactly that step."""
-        self._snapshot = {
-            "run": copy.deepcopy(self._run_state()) | {"kl": self.kl_ctl.state_dict()},
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-            "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
-        }
-        self._drawn = False
-        if self.timeline is not None:
-            self.timeline.step = self.state.step + 1
+        self.state.snapshot = copy.deepcopy(self._plain_parts())
+        if self.run.timeline is not None:
+            self.run.timeline.step = self.state.step + 1
         self.set_phase("rollout")
 
     def fault(self, point: str, step: int) -> None:
@@ -168,39 +177,29 @@ class Session:
         if self.cfg.run.fault_at:
             pids = self.actor.child_pids if point == "engine" and self.actor is not None else ()
             faults.fire(self.cfg.run.fault_at, self.cfg.run.fault_action, point, step, self.dist.rank,
-                        self.out_dir, pids)
+                        self.run.out_dir, pids)
 
     def set_phase(self, phase: str) -> None:
-        self.phase = phase
-        mark(self.timeline, phase)
-        for watch in self._phase_watchers:
+        self.state.phase = phase
+        mark(self.run.timeline, phase)
+        for watch in self.state.watchers:
             watch(phase)
 
     def save_after_failure(self) -> Path | None:
         """Checkpoint the last completed step after a failure. During the rollout the
         trainer has not moved yet: save it with the step's starting snapshot (the deferred
-        buffer as it was). Later (training done: the weight sync, or the held-out evaluation
-        after a step), save the current state as one more step. During training: nothing
-        (the trainer is half-updated; the last checkpoint stays)."""
-        if self.phase == "rollout" and self._snapshot is not None:
-            return self._save(self._snapshot)
-        if self.phase in ("sync", "eval"):
+        samples as they were). Later (training done: the weight sync, or the held-out
+        evaluation after a step), save the current state as one more step. During training:
+        nothing (the trainer is half-updated; the last checkpoint stays)."""
+        if self.state.phase == "rollout" and self.state.snapshot is not None:
+            return self._save(self.state.snapshot)
+        if self.state.phase in ("sync", "eval"):
             return self.save_checkpoint()
         return None
 
     @property
     def is_main(self) -> bool:
         return self.dist.rank == 0
-
-    def new_sample(self, index: int) -> Sample:
-        """Sample ``index`` of this rank's prompt stream (``PromptStream.sample``); the
-        step's first draw is ``run.fault_at``'s "engine" and "generate" points. Call in
-        ascending index order."""
-        if not self._drawn:
-            self._drawn = True
-            self.fault("engine", self.state.step + 1)
-            self.fault("generate", self.state.step + 1)
-        return self.stream.sample(index)
 
     def sync_weights(self) -> float:
         """Push the trainer's actor weights to the engines as a new version (gather + push),
@@ -214,9 +213,10 @@ class Session:
         elsewhere). Collective. A LoRA actor's step pushes carry the adapted linears only
         (:meth:`adapted_only`)."""
         adapted_only = self.adapted_only(first)
-        if self.timesharing.device_push:
+        if self.engines.sharing.device_push:
             return self.trainer.actor_tensors(adapted_only)
-        return self.trainer.actor_state_for_sync(everywhere=self.placement.engine_ranks > 1, adapted_only=adapted_only)
+        return self.trainer.actor_state_for_sync(everywhere=self.engines.placement.engine_ranks > 1,
+                                                 adapted_only=adapted_only)
 
     def adapted_only(self, first: bool = False) -> bool:
         """Whether a push may leave out a LoRA actor's frozen base (embeddings, norms, LM
@@ -226,7 +226,7 @@ class Session:
         a host copy at every sleep and so are undefined after each wake (the whole model is
         pushed then: measured on an H100 for full fine-tuning, 0.09-0.14 s per step for
         SmolLM2's 311 MB; a host copy would cost the same bytes over PCIe twice a step)."""
-        return not first and not self.timesharing.device_push
+        return not first and not self.engines.sharing.device_push
 
     def sync_mb(self) -> float:
         """MiB each weight sync pushes into an engine, in the engines' dtype (0 on a rank
@@ -236,14 +236,15 @@ class Session:
         bits = torch.finfo(getattr(torch, self.actor.cfg.dtype)).bits
         return self.trainer.sync_numel(self.adapted_only()) * bits / 8 / 2**20
 
-    def push_weights(self, full: weight_sync.Weights) -> float:
+    def push_weights(self, full: weight_sync.Weights, next_version: bool = True) -> float:
         """Load ``full`` (``gather_weights``) into this rank's engine as the next weight
-        version; returns the engine's seconds (0 on a rank without engines, which still
-        takes its part in a lazy gather and, in a tensor-parallel group, serves its own
-        copy of every bucket to the TP rank on its GPU)."""
-        self.state.weight_version += 1
+        version (``next_version`` False: under the current one, a run's first push);
+        returns the engine's seconds (0 on a rank without engines, which still takes its
+        part in a lazy gather and, in a tensor-parallel group, serves its own copy of every
+        bucket to the TP rank on its GPU)."""
+        self.state.weight_version += int(next_version)
         self.fault("sync", self.state.step)
-        tp = self.tp_exchange if self.timesharing.device_push else None  # a device push: every rank holds the tensors
+        tp = self.engines.tp if self.engines.sharing.device_push else None  # a device push: every rank holds the tensors
         mb = self.cfg.engines.sync_bucket_mb
         if self.actor is None and tp is None:
             _drain(full)
@@ -267,49 +268,53 @@ class Session:
         return {f"engine/{role}_requests": n - before[role] for role, n in self.engine_requests().items()}
 
     def save_checkpoint(self) -> Path | None:
-        self.state.kl = self.kl_ctl.state_dict()
-        return self._save({
-            "run": self._run_state(),
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-            # the deferred buffer: no partial rollout is lost or duplicated
-            "overlap": self.rollouts.state_dict() if self.rollouts is not None else None,
-        })
+        return self._save(self._plain_parts())
 
-    def _run_state(self) -> dict[str, Any]:
-        """The checkpoint's "run" part: the run's progress and this rank's stream position."""
-        return dataclasses.asdict(self.state) | self.stream.state_dict()
+    def _plain_parts(self) -> dict[str, Any]:
+        """The checkpoint's parts but the trainer's: the run's progress, the RNGs, this
+        rank's data source and rollout phase (its deferred samples: none lost or duplicated)."""
+        return {"run": self.state.state_dict(),
+                "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+                "data": self.data.state_dict(),
+                "rollout": self.rollouts.state_dict() if self.rollouts is not None else None}
 
     def _save(self, plain: dict[str, Any]) -> Path | None:
         trainer_state = self.trainer.state_dict()  # collective: every rank takes part
-        own = rank_rollouts.rank_state(plain["run"]["data_pos"], plain["overlap"]) if self.actor is not None else None
-        ranks = [r for r in all_gather_object(own, self.dist) if r is not None]  # every engine rank's stream and buffer
+        own = (plain["data"], plain["rollout"]) if self.actor is not None else None
+        ranks = [r for r in all_gather_object(own, self.dist) if r is not None]  # every engine rank's
         if not self.is_main:
             return None
-        parts = {"trainer": trainer_state, "run": plain["run"], "rng": plain["rng"],
-                 "rollout": {"base": plain["run"]["data_base"], "ranks": ranks}}
+        parts = {"layout": checkpoint_layouts.LAYOUT, "trainer": trainer_state, "run": plain["run"],
+                 "rng": plain["rng"], "data": {"base": self.data.base, "ranks": [d for d, _ in ranks]},
+                 "rollout": {"ranks": [r for _, r in ranks]}}
         meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
         step = plain["run"]["step"]
-        return checkpoint.save(self.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
+        return checkpoint.save(self.run.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
                                meta=meta, before_commit=lambda: self.fault("checkpoint", step))
 
     def restore(self, path: Path) -> None:
+        """Load the checkpoint at ``path`` (a run folder or a checkpoint; any layout) into the
+        owners; the data sources' and rollout phases' states are dealt anew when the run had
+        another number of engine ranks (``data_source.redistribute``; the Δ controller,
+        chunk tuner and picker of its first engine rank go to every rank)."""
         where = checkpoint.latest(path)
         step, parts = checkpoint.load(where)
+        parts = checkpoint_layouts.current(parts, self.cfg.reward.scale)
         live = self.trainer.saved_shapes()  # no critic: critic-free; LoRA: the trainable tensors
         check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])
-        fields = {f.name for f in dataclasses.fields(RunState)}
-        self.state = RunState(**{k: v for k, v in parts["run"].items() if k in fields})
-        self.kl_ctl.load_state_dict(self.state.kl)
-        base, states = rank_rollouts.saved_states(parts)
-        base, states, note = rank_rollouts.redistribute(base, states, self.placement.engine_ranks,
-                                                        self.cfg.rollout.group_size)
+        self.state.load_state_dict(parts["run"])
+        placement = self.engines.placement
+        base, data, note = data_source.redistribute(parts["data"]["base"], parts["data"]["ranks"],
+                                                    placement.engine_ranks, self.cfg.rollout.group_size)
         if note is not None:
             self.log(f"resume: {note}")
-        own = states[self.placement.engine_rank]
-        self.stream.load_state_dict({"data_base": base, "data_pos": own["data_pos"]})
-        if self.rollouts is not None and own["overlap"] is not None:  # None: a sequential run before 2026-11-25
-            self.rollouts.load_state_dict(own["overlap"])
+        self.data.load_state_dict(base, data[placement.engine_rank])
+        rollout = parts["rollout"]["ranks"]
+        own = rollout[placement.engine_rank] if len(rollout) == placement.engine_ranks else \
+            next((r for r in rollout if r is not None), None)
+        if self.rollouts is not None and own is not None:  # None: a sequential run before 2026-11-25
+            self.rollouts.load_state_dict(own)
         random.setstate(parts["rng"]["python"])
         torch.set_rng_state(parts["rng"]["torch"])
         self.log(f"resumed from step {step}")
@@ -327,8 +332,8 @@ class Session:
             kept = any(all_gather_object(kept, self.dist))
         if not resumed and not kept and self.dist.device.type != "cuda":
             return
-        self.state.weight_version -= 1  # push_weights counts it up again
-        self.timesharing.wake_and_sync(lambda: self.gather_weights(first=True), self.push_weights)
+        self.engines.sharing.wake_and_sync(lambda: self.gather_weights(first=True),
+                                           lambda full: self.push_weights(full, next_version=False))
 
     def restart(self, cfg: Config, trainer_state: dict[str, Any], kl_state: dict[str, Any]) -> None:
         """Back to step 0 under ``cfg`` on the same models and engines (the bench runs its
@@ -340,14 +345,14 @@ class Session:
             self.rollouts = None
         self.cfg = cfg
         self.trainer.load_state_dict(trainer_state)
-        self.kl_ctl.load_state_dict(kl_state)
-        self.state = RunState(weight_version=self.state.weight_version)
-        self.stream.load_state_dict({"data_base": 0, "data_pos": 0})
+        self.state.kl_ctl.load_state_dict(kl_state)
+        self.state.step, self.state.phase, self.state.snapshot = 0, "idle", None
+        self.data.restart()
         self.sync_weights()
         if self.reward_engine is not None:
             self.reward_engine.flush_cache()
-        if self.rollouts_for is not None:
-            self.rollouts = self.rollouts_for(cfg)
+        if self.run.rollouts_for is not None:
+            self.rollouts = self.run.rollouts_for(cfg)
 
     def close(self) -> None:
         """End the run's rollout phase and hand the engines back (shut down, or kept by

@@ -69,8 +69,8 @@ def test_kill_in_every_phase_then_resume_alone(tiny_pair, run_overrides, tmp_pat
     step, parts = checkpoint.load(checkpoint.latest(out))
     assert step == STEPS
     n = json.loads((out / "config.json").read_text())["rollout"]["group_size"]
-    (rank,) = parts["rollout"]["ranks"]
-    scheduler = rank["overlap"]["scheduler"]
+    (rank,) = parts["data"]["ranks"]
+    scheduler = rank
     drawn = rank["data_pos"] * n
     trained = sum(r["trained_samples"] for r in records)
     assert scheduler["deferred"], "no deferred sample to lose: the chain tests nothing of the buffer"

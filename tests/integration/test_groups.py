@@ -57,7 +57,7 @@ def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoin
             steps.append(ppo_loop.rollout(session))
             session.state.step += 1
         path = session.save_checkpoint()
-        saved = [s["index"] for s in json.loads(json.dumps(session.rollouts.state_dict()))["scheduler"]["deferred"]]
+        saved = [s["index"] for s in json.loads(json.dumps(session.data.state_dict()))["deferred"]]
         assert saved, "the premise: members deferred at the checkpoint"
         for _ in range(2):
             steps.append(ppo_loop.rollout(session))
@@ -78,7 +78,7 @@ def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoin
             later += ppo_loop.rollout(session).samples
             session.state.step += 1
         _check_groups(later)
-        left = {s.index for s in session.rollouts.scheduler.deferred}
+        left = {s.index for s in session.data.deferred}
         assert set(saved) <= {s.index for s in later} | left
     finally:
         session.close()

@@ -224,7 +224,7 @@ def test_only_a_cpu_engines_step_pushes_may_leave_the_lora_base_out():
     from colocate.run.session import Session
 
     def session(device_push):
-        return SimpleNamespace(timesharing=SimpleNamespace(device_push=device_push))
+        return SimpleNamespace(engines=SimpleNamespace(sharing=SimpleNamespace(device_push=device_push)))
     assert Session.adapted_only(session(False)) is True
     assert Session.adapted_only(session(False), first=True) is False
     assert Session.adapted_only(session(True)) is False and Session.adapted_only(session(True), first=True) is False

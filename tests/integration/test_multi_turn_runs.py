@@ -105,7 +105,7 @@ def test_killed_multi_turn_run_resumes_alone_and_loses_no_trajectory(models, run
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL in step 3, after its rollout
     step, parts = checkpoint.load(checkpoint.latest(out))
     assert step == 2
-    deferred = parts["rollout"]["ranks"][0]["overlap"]["scheduler"]["deferred"]
+    deferred = parts["data"]["ranks"][0]["deferred"]
     assert any(d["loss_mask"] and 0 in d["loss_mask"] or d["awaiting_env"] for d in deferred), \
         "no trajectory deferred after a turn: the resume tests nothing of multi-turn deferral"
 
@@ -115,8 +115,8 @@ def test_killed_multi_turn_run_resumes_alone_and_loses_no_trajectory(models, run
     records = _records(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # every step once
     step, parts = checkpoint.load(checkpoint.latest(out))
-    (rank,) = parts["rollout"]["ranks"]
-    scheduler = rank["overlap"]["scheduler"]
+    (rank,) = parts["data"]["ranks"]
+    scheduler = rank
     trained = sum(r["trained_samples"] for r in records)
     assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == rank["data_pos"]
     assert all("rollout/turns" in r for r in records) and max(r["rollout/turns"] for r in records) > 1

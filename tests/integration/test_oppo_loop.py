@@ -48,8 +48,8 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode, e
     from colocate.run import checkpoint
 
     _, parts = checkpoint.load(checkpoint.latest(tmp_path / mode))
-    [rank] = parts["rollout"]["ranks"]  # one engine rank
-    assert rank["overlap"]["scheduler"]["next_index"] >= 12
+    [rank] = parts["data"]["ranks"]  # one engine rank
+    assert rank["next_index"] >= 12
 
 
 def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models, tmp_path, engine_pool):
@@ -79,7 +79,6 @@ def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models,
     hist2 = every[6:]
     assert all(f"overlap/auto_cost_{m}" in hist2[0] for m in ("sequential", "intra", "inter", "oppo"))
     _, parts = checkpoint.load(checkpoint.latest(out))
-    [rank] = parts["rollout"]["ranks"]
-    scheduler = rank["overlap"]["scheduler"]
+    [scheduler] = parts["data"]["ranks"]  # one engine rank
     trained = sum(h["trained_samples"] for h in hist + hist2)
     assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == scheduler["next_index"]

@@ -226,10 +226,10 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
             if ran[-1] == 1.0:
                 assert part.stats["overlap/parked"] > 0  # stragglers left in the paused engine
             assert s.actor.flush_cache(), ran  # nothing runs into the sync (retracted requests count as idle)
-            s.timesharing.wake_and_sync(s.gather_weights, s.push_weights)
+            s.engines.sharing.wake_and_sync(s.gather_weights, s.push_weights)
         assert ran == [1.0, 1.0, 0.0]
         assert part.stats["overlap/parked"] == 0 and s.actor.paused is None
-        assert s.rollouts.scheduler.deferred  # the ended ones stay deferred, partials kept
+        assert s.data.deferred  # the ended ones stay deferred, partials kept
     finally:
         s.close()
 

@@ -55,7 +55,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
             return
 
         def killer():  # once step 3's tokens are streaming: mid-rollout for sure
-            while session.phase != "rollout":
+            while session.state.phase != "rollout":
                 time.sleep(0.005)
             sent = session.rollouts.client.chunks_sent
             while session.rollouts.client.chunks_sent < sent + 3:
@@ -68,13 +68,13 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
         with pytest.raises(EngineDiedError, match=r"the actor engine .* died") as e:
             ppo_loop.train(session, callbacks=[kill_during_step_3])
         assert "\n" not in str(e.value)
-        assert session.phase == "rollout"  # it died mid-rollout, as intended
+        assert session.state.phase == "rollout"  # it died mid-rollout, as intended
     finally:
         session.close()
     latest = checkpoint.latest(out)
     step, parts = checkpoint.load(latest)
     assert step == 2
-    deferred_before = parts["rollout"]["ranks"][0]["overlap"]["scheduler"]
+    deferred_before = parts["data"]["ranks"][0]
     resumed = api.train(load_config(overrides=overrides(
         models, out, "run.steps=4", "overlap.mode=oppo", "overlap.delta_init=2", "overlap.delta_adaptive=false",
         "rollout.ignore_eos=true", "rollout.max_new_tokens=400", "rollout.length_dist=lognormal",
@@ -85,7 +85,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
     step3 = resumed.history[2]
     assert step3["overlap/resumed"] + (1 if deferred_before else 0) >= 1
     _, final = checkpoint.load(checkpoint.latest(out))
-    assert final["rollout"]["ranks"][0]["overlap"]["scheduler"]["next_index"] > deferred_before["next_index"]
+    assert final["data"]["ranks"][0]["next_index"] > deferred_before["next_index"]
 
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, tmp_path):

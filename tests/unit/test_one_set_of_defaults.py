@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from colocate.config import Config, LoraConfig, OverlapConfig, PPOConfig
-from colocate.engine.scheduler import ChunkTunerConfig, SchedulerConfig
+from colocate.rollout.scheduler import ChunkTunerConfig, SchedulerConfig
 from colocate.rollout.rollouts import _scheduler_config
 from colocate.run import builder
 from colocate.tools import export
@@ -38,8 +38,8 @@ RENAMED: dict[type, dict[str, str]] = {
     LoraSettings: {},
 }
 SECTION = {TrainerSettings: "ppo", SchedulerConfig: "overlap", LoraSettings: "lora"}
-FILE = {TrainerSettings: "trainer/settings.py", SchedulerConfig: "engine/scheduler.py",
-        LoraSettings: "trainer/lora.py", ChunkTunerConfig: "engine/scheduler.py"}
+FILE = {TrainerSettings: "trainer/settings.py", SchedulerConfig: "colocate/rollout/scheduler.py",
+        LoraSettings: "trainer/lora.py", ChunkTunerConfig: "colocate/rollout/scheduler.py"}
 BUILDER = {TrainerSettings: "colocate/run/builder.py: trainer_settings",
            SchedulerConfig: "colocate/rollout/rollouts.py: _scheduler_config",
            LoraSettings: "colocate/run/builder.py: trainer_settings (lora=...)"}

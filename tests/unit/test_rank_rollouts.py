@@ -1,10 +1,10 @@
-"""Joining the engine ranks' rollouts, exchanging a rank's failure, carrying every rank's
-deferred buffer across a resume on another number of ranks, and the ranks agreeing on a
-stop request (two gloo ranks where a collective is involved)."""
+"""Joining the engine ranks' rollouts, exchanging a rank's failure, and the ranks agreeing
+on a stop request (two gloo ranks where a collective is involved). Carrying every rank's
+deferred buffer across a resume on another number of ranks: ``test_data_source.py`` and
+``test_checkpoint_layouts.py``."""
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +14,7 @@ import torch.multiprocessing as mp
 from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
 from colocate.engine.rollout import Sample
-from colocate.engine.scheduler import LengthAwareScheduler, SchedulerConfig, staleness_stats
-from colocate.run.placement import Placement
+from colocate.rollout.scheduler import staleness_stats
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 
 
@@ -102,75 +101,6 @@ def test_a_ranks_failure_reaches_every_rank_instead_of_a_hang():
     assert got[1] == "EngineError: the reward engine died"  # its own error
     assert got[0] == ("RankFailedError: rank 1 failed in rollout (EngineError: the reward engine died); "
                       "every rank stops")  # a user error: every rank checkpoints together
-
-
-# ---- checkpoints -------------------------------------------------------------------------------
-def _overlap_state(deferred, next_index, dropped=0, delta=2):
-    return {"scheduler": {"next_index": next_index, "dropped_total": dropped,
-                          "deferred": [dataclasses.asdict(s) for s in deferred],
-                          "delta": {"delta": delta, "rewards": [0.1, 0.2]}},
-            "tuner": {"best": 32, "round": 0, "trials": [[16, 1.0], [32, 0.5]]}}
-
-
-def test_same_number_of_ranks_keeps_every_ranks_state():
-    states = [rank_rollouts.rank_state(3, None), rank_rollouts.rank_state(3, None)]
-    assert rank_rollouts.redistribute(5, states, 2, 1) == (5, states, None)
-
-
-def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
-    n = 2
-    zero = _overlap_state([_sample(8, n), _sample(9, n)], next_index=12, dropped=1)
-    one = _overlap_state([_sample(6, n), _sample(7, n), _sample(10, n), _sample(11, n)], next_index=12, dropped=2)
-    base, [state], note = rank_rollouts.redistribute(
-        100, [rank_rollouts.rank_state(6, zero), rank_rollouts.rank_state(5, one)], 1, n)
-    assert base == 100 + 6 * 2  # the first position neither old stream reached
-    assert note == ("2 engine ranks -> 1: 6 deferred samples (3 groups) dealt round-robin over the 1 ranks; "
-                    "prompts continue from position 112")
-    scheduler = state["overlap"]["scheduler"]
-    assert state["data_pos"] == 0 and scheduler["next_index"] == 6 and scheduler["dropped_total"] == 3
-    # oldest first: rank 1's group 3 (union age 3*2+1=7), rank 0's group 4 (8), rank 1's group 5 (11)
-    assert [(d["index"], d["group"], d["score"]) for d in scheduler["deferred"]] == [
-        (0, 0, 6.0), (1, 0, 7.0), (2, 1, 8.0), (3, 1, 9.0), (4, 2, 10.0), (5, 2, 11.0)]
-    # a real scheduler takes it and plans the carried groups before new ones
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=n))
-    sched.load_state_dict(scheduler)
-    plan = sched.plan(lambda i: Sample(i, [1], 4, group=i // n), current_version=0)
-    assert [s.group_id for s in plan.ready] == [0, 0, 1, 1, 2, 2]
-    # pool 2 + Δ 2 = 4 groups: the 3 carried, then one new group under the next fresh indices
-    assert [(s.index, s.group) for s in plan.launch] == [(6, 3), (7, 3)]
-
-
-def test_more_ranks_share_the_deferred_samples_round_robin():
-    one = _overlap_state([_sample(i) for i in (4, 5, 6)], next_index=7)
-    base, states, note = rank_rollouts.redistribute(0, [rank_rollouts.rank_state(7, one)], 2, 1)
-    assert base == 7 and "1 engine ranks -> 2: 3 deferred samples (3 groups)" in note
-    got = [[(d["index"], d["group"], d["score"]) for d in s["overlap"]["scheduler"]["deferred"]] for s in states]
-    assert got == [[(0, None, 4.0), (1, None, 6.0)], [(0, None, 5.0)]]
-    assert [s["overlap"]["scheduler"]["next_index"] for s in states] == [2, 1]
-    assert all(s["overlap"]["tuner"]["best"] == 32 and s["overlap"]["scheduler"]["delta"]["delta"] == 2 for s in states)
-
-
-def test_redistribution_keeps_the_score_scaling_and_pickers_state():
-    """A deferred score is a reward (reward.scale applied) in checkpoints that say so: the
-    flag travels with the samples, or a resume on another world size would scale them twice."""
-    one = {**_overlap_state([_sample(i) for i in (4, 5)], next_index=6), "scores_scaled": True,
-           "auto": {"costs": {"sequential": [1.0]}}}
-    _, states, _ = rank_rollouts.redistribute(0, [rank_rollouts.rank_state(6, one)], 2, 1)
-    assert all(s["overlap"]["scores_scaled"] is True and s["overlap"]["auto"] == one["auto"] for s in states)
-
-
-def test_sequential_checkpoints_only_move_the_prompt_streams():
-    base, states, note = rank_rollouts.redistribute(0, [rank_rollouts.rank_state(4, None)] * 2, 1, 1)
-    assert (base, states) == (8, [rank_rollouts.rank_state(0, None)]) and "prompts continue from position 8" in note
-    # the two-rank streams covered positions 0..7: the one-rank stream goes on from 8
-    assert Placement().position(base, 0) == 8
-
-
-def test_a_checkpoint_from_before_engines_on_every_rank_is_one_ranks_state():
-    old = {"run": {"data_pos": 9}, "overlap": {"scheduler": {}}}
-    assert rank_rollouts.saved_states(old) == (0, [{"data_pos": 9, "overlap": {"scheduler": {}}}])
-    new = {"rollout": {"base": 4, "ranks": [{"data_pos": 1, "overlap": None}]}}
-    assert rank_rollouts.saved_states(new) == (4, [{"data_pos": 1, "overlap": None}])
 
 
 def _stop_worker(rank: int, init_method: str, queue) -> None:

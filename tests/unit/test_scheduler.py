@@ -1,16 +1,20 @@
-"""engine/scheduler.py: Δ adaptation against a hand computation, launch order and unique
+"""colocate/rollout/scheduler.py: Δ adaptation against a hand computation, launch order and unique
 indices, budget accounting across deferrals, exactly-B selection, staleness drops, the
-chunk-size tuner, and JSON state round-trips."""
+chunk-size tuner, and JSON state round-trips. The deferred samples and fresh groups come
+from a real data source (``colocate.rollout.data_source.DataSource``), fed to the
+scheduler as ``Rollouts.rollout`` feeds it (:func:`plan`, :func:`select`)."""
 
+import itertools
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from colocate.config import RolloutConfig
 from colocate.engine.errors import EngineConfigError, EngineError
 from colocate.engine.rollout import Sample
-from colocate.engine.scheduler import (
+from colocate.rollout.scheduler import (
     ChunkSizeTuner,
     ChunkTunerConfig,
     DeltaController,
@@ -19,14 +23,33 @@ from colocate.engine.scheduler import (
     reward_slope,
     staleness_stats,
 )
+from colocate.rollout.data_source import DataSource
+from colocate.rollout.rollout_phase import Prompt
+
+PROMPTS = [Prompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
 
 
-def factory(budget=8, limit=None):
-    def make(index):
-        if limit is not None and index >= limit:
-            return None
-        return Sample(index=index, prompt_ids=[1, 2, index], max_new_tokens=budget)
-    return make
+def source(budget=8):
+    """Fresh samples of one prompt each (n = 1) under indices 0, 1, 2, ..., every budget ``budget``."""
+    return DataSource(PROMPTS, RolloutConfig(group_size=1, max_new_tokens=budget, length_dist="fixed"), seed=0)
+
+
+def plan(sched, data, version, limit=None, **kw):
+    """``sched.plan`` handed ``data``'s deferred samples and fresh groups (no sample with an
+    index >= ``limit``: out of prompts); what the step does not take stays deferred."""
+    fresh = data.groups()
+    if limit is not None:
+        fresh = itertools.islice(fresh, max(0, limit - data.next_index))
+    p = sched.plan(data.take_deferred(), fresh, version, **kw)
+    data.defer(p.kept, dropped=len(p.dropped))
+    return p
+
+
+def select(sched, data, ended):
+    """``sched.select``; what it defers goes back to ``data``."""
+    train, defer = sched.select(ended)
+    data.defer(defer)
+    return train, defer
 
 
 def grow(sample, n, version, finish=None):
@@ -79,39 +102,41 @@ def test_config_errors_name_the_field():
 
 def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, adaptive=False))
-    p1 = sched.plan(factory(), current_version=0)
+    data = source()
+    p1 = plan(sched, data, 0)
     assert [s.index for s in p1.launch] == [0, 1, 2, 3] and p1.resumed == 0
     a, b, c, d = p1.launch
     grow(c, 8, 0, "stop"), grow(a, 3, 0, "stop"), grow(b, 2, 0), grow(d, 1, 0)
-    train, defer = sched.select([c, a, b, d])
+    train, defer = select(sched, data, [c, a, b, d])
     assert [s.index for s in train] == [2, 0] and [s.index for s in defer] == [1, 3]
-    p2 = sched.plan(factory(), current_version=1)
+    p2 = plan(sched, data, 1)
     assert [s.index for s in p2.launch] == [1, 3, 4, 5] and p2.resumed == 2
     for s in p2.launch:
         grow(s, 1, 1)  # nothing finishes: all deferred again
-    assert sched.select(p2.launch) == ([], p2.launch)
-    p3 = sched.plan(factory(), current_version=2)
+    assert select(sched, data, p2.launch) == ([], p2.launch)
+    p3 = plan(sched, data, 2)
     assert [s.index for s in p3.launch] == [1, 3, 4, 5]  # oldest first, no new ones needed
     seen = [s.index for p in (p1, p2, p3) for s in p.launch]
-    assert sched.next_index == 6 and len(set(seen)) == 6
+    assert data.next_index == 6 and len(set(seen)) == 6
 
 
 def test_budget_is_kept_across_several_deferrals():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1, adaptive=False,
                                                  max_staleness_versions=100))
+    data = source(budget=10)
     long_one = None
     for version in range(6):
-        plan = sched.plan(factory(budget=10), version)
-        long_one = long_one or plan.launch[0]
-        for s in plan.launch:
+        step = plan(sched, data, version)
+        long_one = long_one or step.launch[0]
+        for s in step.launch:
             if s is long_one:
                 before = s.remaining
                 grow(s, 3, version)
                 assert s.remaining == before - min(3, before) >= 0
             else:
                 grow(s, 1, version, "stop")  # the short one finishes first
-        order = sorted(plan.launch, key=lambda s: not s.finished)
-        train, _ = sched.select(order)
+        order = sorted(step.launch, key=lambda s: not s.finished)
+        train, _ = select(sched, data, order)
         if long_one in train:
             break
     assert long_one.finish_reason == "length" and long_one.remaining == 0
@@ -121,54 +146,57 @@ def test_budget_is_kept_across_several_deferrals():
 
 def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=3, adaptive=False))
-    plan = sched.plan(factory(), 0)
-    for s in plan.launch[:4]:
+    data = source()
+    p1 = plan(sched, data, 0)
+    for s in p1.launch[:4]:
         grow(s, 2, 0, "stop")
-    grow(plan.launch[4], 1, 0)
-    order = [plan.launch[i] for i in (3, 1, 0, 2, 4)]
-    train, defer = sched.select(order)
+    grow(p1.launch[4], 1, 0)
+    order = [p1.launch[i] for i in (3, 1, 0, 2, 4)]
+    train, defer = select(sched, data, order)
     assert [s.index for s in train] == [3, 1]
     assert [s.index for s in defer] == [0, 2, 4]
-    p2 = sched.plan(factory(), 1)
+    p2 = plan(sched, data, 1)
     assert [s.index for s in p2.ready] == [0, 2]  # complete: trained first, not regenerated
     assert [s.index for s in p2.launch] == [4, 5, 6] and len(p2.ready + p2.launch) == 5
     for s in p2.launch:
         grow(s, 1, 1, "stop")
-    train, defer = sched.select(p2.launch)
+    train, defer = select(sched, data, p2.launch)
     assert [s.index for s in train] == [0, 2] and [s.index for s in defer] == [4, 5, 6]
 
 
 def test_select_refuses_missing_samples_and_overrun_budgets():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1))
-    plan = sched.plan(factory(budget=2), 0)
+    data = source(budget=2)
+    p1 = plan(sched, data, 0)
     with pytest.raises(EngineError, match="every launched sample"):
-        sched.select(plan.launch[:1])
-    plan.launch[0].output_ids += [1, 2, 3]
+        sched.select(p1.launch[:1])
+    p1.launch[0].output_ids += [1, 2, 3]
     with pytest.raises(EngineError, match="overran its budget"):
-        sched.select(plan.launch)
+        sched.select(p1.launch)
     with pytest.raises(EngineError, match="before select"):
-        sched.plan(factory(), 0)
+        plan(sched, source(), 0)
 
 
 def test_stale_partials_are_dropped_and_reported():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=2, adaptive=False,
                                                  max_staleness_versions=2))
-    plan = sched.plan(factory(), 0)
-    grow(plan.launch[0], 1, 0, "stop"), grow(plan.launch[1], 2, 0), grow(plan.launch[2], 0, 0)
-    sched.select(plan.launch)
-    p2 = sched.plan(factory(), current_version=2)  # lag 2 == S_hard: kept
+    data = source()
+    p1 = plan(sched, data, 0)
+    grow(p1.launch[0], 1, 0, "stop"), grow(p1.launch[1], 2, 0), grow(p1.launch[2], 0, 0)
+    select(sched, data, p1.launch)
+    p2 = plan(sched, data, 2)  # lag 2 == S_hard: kept
     assert p2.dropped == [] and p2.resumed == 2
     for s in p2.launch:
         grow(s, 1, 2)
-    sched.select(p2.launch)
-    p3 = sched.plan(factory(), current_version=3)  # sample 1's oldest token lags 3 > 2
-    assert [s.index for s in p3.dropped] == [1] and sched.dropped_total == 1
+    select(sched, data, p2.launch)
+    p3 = plan(sched, data, 3)  # sample 1's oldest token lags 3 > 2
+    assert [s.index for s in p3.dropped] == [1] and data.dropped_total == 1
     assert 1 not in [s.index for s in p3.launch] and 2 in [s.index for s in p3.launch]
 
 
 def test_out_of_prompts_launches_fewer():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2))
-    assert [s.index for s in sched.plan(factory(limit=3), 0).launch] == [0, 1, 2]
+    assert [s.index for s in plan(sched, source(), 0, limit=3).launch] == [0, 1, 2]
 
 
 def test_staleness_stats_over_tokens():
@@ -207,17 +235,20 @@ def test_chunk_tuner_incomplete_round_falls_back_to_fixed_and_round_trips():
 
 def test_scheduler_state_round_trips_through_json():
     cfg = SchedulerConfig(batch_size=1, delta_init=1, delta_max=3, window=3)
-    sched = LengthAwareScheduler(cfg)
-    plan = sched.plan(factory(), 0)
-    grow(plan.launch[0], 2, 0, "stop"), grow(plan.launch[1], 3, 0)
-    sched.select(plan.launch)
+    sched, data = LengthAwareScheduler(cfg), source()
+    p1 = plan(sched, data, 0)
+    grow(p1.launch[0], 2, 0, "stop"), grow(p1.launch[1], 3, 0)
+    select(sched, data, p1.launch)
     sched.observe_reward(0.1), sched.observe_reward(0.3)
     state = json.loads(json.dumps(sched.state_dict()))
-    fresh = LengthAwareScheduler(cfg)
+    data_state = json.loads(json.dumps(data.state_dict()))
+    fresh, fresh_data = LengthAwareScheduler(cfg), source()
     fresh.load_state_dict(state)
+    fresh_data.load_state_dict(data.base, data_state)
     assert fresh.state_dict() == sched.state_dict() and fresh.delta == 2
-    assert fresh.deferred == sched.deferred and fresh.deferred[0].output_ids == [7, 7, 7]
-    a, b = sched.plan(factory(), 1), fresh.plan(factory(), 1)
+    assert fresh_data.state_dict() == data.state_dict()
+    assert fresh_data.deferred == data.deferred and fresh_data.deferred[0].output_ids == [7, 7, 7]
+    a, b = plan(sched, data, 1), plan(fresh, fresh_data, 1)
     assert [s.index for s in a.launch] == [s.index for s in b.launch] == [1, 2, 3]
     with pytest.raises(EngineError, match="between steps"):
         sched.state_dict()
@@ -232,18 +263,19 @@ def test_invariants_over_random_steps(batch, delta, steps):
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=batch, delta_init=delta,
                                                  delta_max=3, adaptive=False,
                                                  max_staleness_versions=100))
+    data = source(budget=5)
     trained = []
     for version, grows in enumerate(steps):
-        plan = sched.plan(factory(budget=5), version)
-        assert len(plan.launch) + len(plan.ready) == batch + delta
-        for s, n in zip(plan.launch, grows):
+        step = plan(sched, data, version)
+        assert len(step.launch) + len(step.ready) == batch + delta
+        for s, n in zip(step.launch, grows):
             grow(s, n, version, "stop" if n % 3 == 0 else None)
-        ended = sorted(plan.launch, key=lambda s: not s.finished)
-        train, defer = sched.select(ended)
-        done = len(plan.ready) + sum(s.finished for s in ended)
+        ended = sorted(step.launch, key=lambda s: not s.finished)
+        train, defer = select(sched, data, ended)
+        done = len(step.ready) + sum(s.finished for s in ended)
         assert len(train) == min(batch, done) and all(s.finished for s in train)
         trained += train
-        for s in plan.launch:
+        for s in step.launch:
             assert 0 <= s.remaining and len(s.output_ids) == len(s.versions) <= 5
-    ids = [s.index for s in trained] + [s.index for s in sched.deferred]
-    assert sorted(ids) == list(range(sched.next_index))  # each sample trained or held, once
+    ids = [s.index for s in trained] + [s.index for s in data.deferred]
+    assert sorted(ids) == list(range(data.next_index))  # each sample trained or held, once

@@ -1,22 +1,36 @@
-"""engine/scheduler.py with groups (group_size n > 1): B/n + Δ groups launched, a group
+"""colocate/rollout/scheduler.py with groups (group_size n > 1): B/n + Δ groups launched, a group
 trained only when every member is finished, in the order groups complete, incomplete
 groups deferred whole (finished members wait, only unfinished ones are launched again),
 stale groups dropped whole, the state round-trips through JSON, and group size 1 is the
-per-sample schedule."""
+per-sample schedule. The deferred samples and fresh groups come from a real data source
+(``colocate.rollout.data_source.DataSource``), fed to the scheduler as ``Rollouts.rollout``
+feeds it (:func:`plan`, :func:`run`)."""
 
 import json
 
 import pytest
 
+from colocate.config import RolloutConfig
 from colocate.engine.errors import EngineConfigError, EngineError
 from colocate.engine.rollout import Sample
-from colocate.engine.scheduler import LengthAwareScheduler, SchedulerConfig
+from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
+from colocate.rollout.data_source import DataSource
+from colocate.rollout.rollout_phase import Prompt
+
+PROMPTS = [Prompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
 
 
-def factory(n, budget=8):
-    def make(index):
-        return Sample(index=index, prompt_ids=[1, 2, index // n], max_new_tokens=budget, group=index // n)
-    return make
+def source(n, budget=8):
+    """Fresh groups of n samples: group g (indices g·n … g·n + n − 1) shares prompt [1, 2, g]."""
+    return DataSource(PROMPTS, RolloutConfig(group_size=n, max_new_tokens=budget, length_dist="fixed"), seed=0)
+
+
+def plan(sched, data, version):
+    """``sched.plan`` handed ``data``'s deferred samples and fresh groups; what the step does
+    not take stays deferred."""
+    p = sched.plan(data.take_deferred(), data.groups(), version)
+    data.defer(p.kept, dropped=len(p.dropped))
+    return p
 
 
 def finish(sample, tokens, version=0, done=True):
@@ -29,40 +43,44 @@ def finish(sample, tokens, version=0, done=True):
     sample.score = 1.0 if done else None
 
 
-def run(sched, plan, finished_order, partial=()):
+def run(sched, data, plan, finished_order, partial=()):
     """Finish the launched samples in ``finished_order`` (indices), abort ``partial`` ones
-    after 1 token, leave the rest untouched (never started); select."""
+    after 1 token, leave the rest untouched (never started); select (what is deferred goes
+    back to ``data``)."""
     by_index = {s.index: s for s in plan.launch}
     for i in finished_order:
         finish(by_index[i], 2)
     for i in partial:
         finish(by_index[i], 1, done=False)
     ended = [by_index[i] for i in finished_order] + [s for s in plan.launch if s.index not in finished_order]
-    return sched.select(ended)
+    train, defer = sched.select(ended)
+    data.defer(defer)
+    return train, defer
 
 
 def test_b_over_n_plus_delta_groups_are_launched_with_shared_prompts():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=2))
-    plan = sched.plan(factory(2), 0)
-    assert [s.index for s in plan.launch] == [0, 1, 2, 3, 4, 5]  # 2 + 1 groups of 2
-    assert [s.group for s in plan.launch] == [0, 0, 1, 1, 2, 2]
-    assert plan.launch[0].prompt_ids == plan.launch[1].prompt_ids != plan.launch[2].prompt_ids
+    p = plan(sched, source(2), 0)
+    assert [s.index for s in p.launch] == [0, 1, 2, 3, 4, 5]  # 2 + 1 groups of 2
+    assert [s.group for s in p.launch] == [0, 0, 1, 1, 2, 2]
+    assert p.launch[0].prompt_ids == p.launch[1].prompt_ids != p.launch[2].prompt_ids
 
 
 def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=2,
                                                  adaptive=False))
-    plan = sched.plan(factory(2), 0)
+    data = source(2)
+    p1 = plan(sched, data, 0)
     # group 2 completes first (4, 5), then group 0 (0, 1); group 1 has 2 finished, 3 partial
-    train, defer = run(sched, plan, [4, 2, 5, 0, 1], partial=[3])
+    train, defer = run(sched, data, p1, [4, 2, 5, 0, 1], partial=[3])
     assert [s.index for s in train] == [4, 5, 0, 1]
     assert sorted(s.index for s in defer) == [2, 3]
     # next step: group 1's finished member waits, only its partial member is launched again
-    p2 = sched.plan(factory(2), 1)
+    p2 = plan(sched, data, 1)
     assert [s.index for s in p2.waiting] == [2]
     assert [s.index for s in p2.launch[:1]] == [3] and p2.resumed == 1
     assert [s.group for s in p2.launch[1:]] == [3, 3, 4, 4]  # two new groups
-    train2, _ = run(sched, p2, [3, 6, 7], partial=[8])
+    train2, _ = run(sched, data, p2, [3, 6, 7], partial=[8])
     assert [s.index for s in train2] == [2, 3, 6, 7]  # group 1 completed by its resumed member
     groups = [s.group for s in train + train2]
     assert all(groups.count(g) == 2 for g in groups)  # never a group split across steps
@@ -71,44 +89,48 @@ def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
 def test_complete_groups_beyond_b_are_trained_first_next_step():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2,
                                                  adaptive=False))
-    plan = sched.plan(factory(2), 0)
-    train, defer = run(sched, plan, [0, 1, 2, 3])
+    data = source(2)
+    p1 = plan(sched, data, 0)
+    train, defer = run(sched, data, p1, [0, 1, 2, 3])
     assert [s.index for s in train] == [0, 1] and [s.index for s in defer] == [2, 3]
-    p2 = sched.plan(factory(2), 1)
+    p2 = plan(sched, data, 1)
     assert [s.index for s in p2.ready] == [2, 3] and [s.group for s in p2.launch] == [2, 2]
-    train2, _ = run(sched, p2, [4, 5])
+    train2, _ = run(sched, data, p2, [4, 5])
     assert [s.index for s in train2] == [2, 3]  # the ready group; the new one waits
 
 
 def test_a_group_with_a_too_stale_member_is_dropped_whole():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2,
                                                  adaptive=False, max_staleness_versions=1))
-    plan = sched.plan(factory(2), 0)
-    run(sched, plan, [0, 1, 2], partial=[3])  # group 1: member 2 finished at version 0, 3 partial
-    p2 = sched.plan(factory(2), 2)  # lag 2 > 1
+    data = source(2)
+    p1 = plan(sched, data, 0)
+    run(sched, data, p1, [0, 1, 2], partial=[3])  # group 1: member 2 finished at version 0, 3 partial
+    p2 = plan(sched, data, 2)  # lag 2 > 1
     assert sorted(s.index for s in p2.dropped) == [2, 3]
     assert not p2.waiting and all(s.index >= 4 for s in p2.launch)
 
 
 def test_state_round_trips_with_groups_scores_and_records():
     cfg = SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2, adaptive=False)
-    sched = LengthAwareScheduler(cfg)
-    plan = sched.plan(factory(2), 0)
-    plan.launch[2].record = {"answer": "4"}
-    run(sched, plan, [0, 1, 2], partial=[3])
+    sched, data = LengthAwareScheduler(cfg), source(2)
+    p1 = plan(sched, data, 0)
+    p1.launch[2].record = {"answer": "4"}
+    run(sched, data, p1, [0, 1, 2], partial=[3])
     state = json.loads(json.dumps(sched.state_dict()))
-    fresh = LengthAwareScheduler(cfg)
+    data_state = json.loads(json.dumps(data.state_dict()))
+    fresh, fresh_data = LengthAwareScheduler(cfg), source(2)
     fresh.load_state_dict(state)
-    a, b = sched.plan(factory(2), 1), fresh.plan(factory(2), 1)
+    fresh_data.load_state_dict(data.base, data_state)
+    a, b = plan(sched, data, 1), plan(fresh, fresh_data, 1)
     for x, y in ((a.waiting, b.waiting), (a.launch, b.launch)):
         assert [vars(s) for s in x] == [vars(s) for s in y]
     assert b.waiting[0].record == {"answer": "4"} and b.waiting[0].score == 1.0
 
 
-def test_make_sample_must_keep_the_group():
+def test_a_fresh_group_must_keep_the_group():
     sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, group_size=2, delta_init=0))
     with pytest.raises(EngineError, match="group 0"):
-        sched.plan(lambda i: Sample(i, [1], 4, group=i), 0)  # member 1 claims group 1
+        sched.plan([], iter([[Sample(0, [1], 4, group=0), Sample(1, [1], 4, group=1)]]), 0)  # member 1 claims group 1
 
 
 def test_batch_must_be_a_multiple_of_the_group():
@@ -120,11 +142,12 @@ def test_group_size_one_is_the_per_sample_schedule():
     plain = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, delta_max=2, adaptive=False))
     ones = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, delta_max=2, adaptive=False,
                                                 group_size=1))
-    for sched in (plain, ones):
-        plan = sched.plan(lambda i: Sample(i, [1, i], 8), 0)
-        run(sched, plan, [3, 1], partial=[0])
-    assert [vars(s) for s in plain.deferred] == [vars(s) for s in ones.deferred]
-    assert [s.index for s in plain.plan(lambda i: Sample(i, [1, i], 8), 1).launch] == [0, 2, 4, 5]
+    sources = {plain: source(1), ones: source(1)}
+    for sched, data in sources.items():
+        p = plan(sched, data, 0)
+        run(sched, data, p, [3, 1], partial=[0])
+    assert [vars(s) for s in sources[plain].deferred] == [vars(s) for s in sources[ones].deferred]
+    assert [s.index for s in plan(plain, sources[plain], 1).launch] == [0, 2, 4, 5]
 
 
 def test_group_member_encoding_round_trips():

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from colocate.run import tp_exchange, weight_sync
 from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
-from colocate.run.session import RunState, Session
+from colocate.run.session import RunContext, RunState, Session
 
 UNIT = 1 << 16  # float32 values: 256 KiB
 SPEC = [("a", 2), ("b", 2), ("c", 5), ("d", 1), ("e", 1), ("f", 1)]  # name, UNITs: 1 MiB buckets [a b] [c] [d e f]
@@ -84,8 +84,10 @@ class _Engine:
 
 def _session(rank: int, actor, tp) -> Session:
     cfg = SimpleNamespace(run=SimpleNamespace(fault_at=None), engines=SimpleNamespace(sync_bucket_mb=1))
-    return Session(cfg, None, None, RankEngines(actor), [], None, None, None, RunState(),
-                   SimpleNamespace(device_push=True), Path("."), print, tp_exchange=tp)
+    engines = RankEngines(actor, placement=Placement(rank, 2, rank, 2), sharing=SimpleNamespace(device_push=True),
+                          tp=tp)
+    return Session(cfg, None, None, engines, None, None, RunState(kl_ctl=None),
+                   RunContext(tokenizer=None, out_dir=Path(".")))
 
 
 def _marking(marks: Path, push: list):

@@ -1,19 +1,19 @@
 """Length-aware scheduling of rollouts: OPPO's inter-step overlap, in plain Python.
 
-Owns: :class:`LengthAwareScheduler`, which launches B+Δ samples per step (deferred
-partials first, oldest first, then new prompts under unique, ever-increasing indices),
-trains on the first B to finish and carries the rest, with their partial tokens, sampling
-logprobs and per-token weight versions, into a FIFO deferred buffer; dropping (and
-reporting) partials whose oldest token is more than ``max_staleness_versions`` behind.
-With groups (``group_size`` n > 1: n samples of one prompt, GRPO's group) the unit is the
-group: B/n + Δ groups per step, a group is trained only when every member is finished
-(and scored), in the order groups complete; an incomplete group is deferred whole, its
-finished members waiting (not generated again) beside its partial ones, and a group with
-a too-stale member is dropped whole. n = 1 is exactly the per-sample schedule;
-:class:`DeltaController` (Δ follows the least-squares slope of mean reward over a window);
-:class:`ChunkSizeTuner` (OPPO's intra-step chunk size: try each candidate for one step
-every ``retune_every`` steps, keep the fastest); :func:`staleness_stats`; JSON-safe
-``state_dict``/``load_state_dict`` so checkpoints carry the deferred buffer. The configs'
+Owns: :class:`LengthAwareScheduler`, which is handed, each step, the deferred samples and
+a data source's fresh groups, and launches B+Δ samples (deferred partials first, oldest
+first, then fresh ones), trains on the first B to finish and hands back the rest, with
+their partial tokens, sampling logprobs and per-token weight versions, to be deferred;
+dropping (and reporting) partials whose oldest token is more than
+``max_staleness_versions`` behind. With groups (``group_size`` n > 1: n samples of one
+prompt, GRPO's group) the unit is the group: B/n + Δ groups per step, a group is trained
+only when every member is finished (and scored), in the order groups complete; an
+incomplete group is deferred whole, its finished members waiting (not generated again)
+beside its partial ones, and a group with a too-stale member is dropped whole. n = 1 is
+exactly the per-sample schedule; :class:`DeltaController` (Δ follows the least-squares
+slope of mean reward over a window); :class:`ChunkSizeTuner` (OPPO's intra-step chunk
+size: try each candidate for one step every ``retune_every`` steps, keep the fastest);
+:func:`staleness_stats`; JSON-safe ``state_dict``/``load_state_dict``. The configs'
 defaults are those of the ``overlap``/``rollout`` fields they are built from
 (``tests/unit/test_one_set_of_defaults.py``).
 
@@ -21,20 +21,22 @@ Samples that finish *after* the first B of a step are not thrown away and not tr
 late in the same step: they are deferred as complete samples and trained first next step
 (``Plan.ready``), so every step trains exactly B when at least B finish.
 
-Leaves out: generating, aborting and resuming on the engine (``engine.rollout``),
-correcting stale tokens (``trainer``), when to checkpoint (``colocate``).
+Leaves out: the samples themselves between steps, their prompts and indices (the data
+source, ``colocate.rollout.data_source``), generating, aborting and resuming on the engine
+(``engine.rollout``), correcting stale tokens (``trainer``), when to checkpoint (``colocate``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Iterator, Sequence
 
-from .errors import EngineConfigError, EngineError
-from .rollout import Sample, group_member, sample_index
+from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.engine.rollout import Sample, group_member
 
-MakeSample = Callable[[int], "Sample | None"]  # index -> new sample, None when out of prompts
+Groups = Iterator[list[Sample]]  # fresh groups of a data source, each its n new samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Plan:
     resumed: int  # how many of ``launch`` are deferred partials
     delta: int
     waiting: list[Sample] = dataclasses.field(default_factory=list)  # finished members of launched groups
+    kept: list[Sample] = dataclasses.field(default_factory=list)  # deferred samples this step does not take
 
 
 def groups_of(samples: Sequence[Sample]) -> list[list[Sample]]:
@@ -149,14 +152,14 @@ def _check_sample(s: Sample) -> None:
 
 
 class LengthAwareScheduler:
-    """Per step: :meth:`plan`, generate, :meth:`select`, train, :meth:`observe_reward`."""
+    """Per step: :meth:`plan` (handed the deferred samples and a data source's fresh
+    groups), generate, :meth:`select`, train, :meth:`observe_reward`. It keeps no samples
+    between steps: what it defers goes back to the caller (the data source,
+    ``colocate.rollout.data_source``)."""
 
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.delta_ctl = DeltaController(config)
-        self.next_index = 0
-        self.dropped_total = 0
-        self._deferred: list[Sample] = []  # FIFO: ascending index = order of first launch
         self._ready: list[Sample] = []
         self._waiting: list[Sample] = []  # finished members of the open plan's launched groups
         self._in_flight: set[int] | None = None  # indices launched by the open plan
@@ -165,20 +168,17 @@ class LengthAwareScheduler:
     def delta(self) -> int:
         return self.delta_ctl.delta
 
-    @property
-    def deferred(self) -> tuple[Sample, ...]:
-        return tuple(self._deferred)
-
-    def plan(self, make_sample: MakeSample, current_version: int, defer: bool = True) -> Plan:
-        """Choose the B+Δ samples (B/n + Δ groups) of this step; ``current_version`` is the
-        weight version the actor will generate with. With n > 1, ``make_sample(index)``
-        must return members of group ``index // n`` (one prompt per group). ``defer``
-        False (a step of ``overlap.mode=auto`` without deferral): B only, no Δ, deferred
-        samples still first."""
+    def plan(self, deferred: Sequence[Sample], fresh: Groups, current_version: int, defer: bool = True) -> Plan:
+        """Choose the B+Δ samples (B/n + Δ groups) of this step from ``deferred`` (the
+        samples carried from earlier steps) and then ``fresh`` (new groups, taken only as
+        many as needed; an exhausted iterator: out of prompts); ``current_version`` is the
+        weight version the actor will generate with. ``defer`` False (a step of
+        ``overlap.mode=auto`` without deferral): B only, no Δ, deferred samples still
+        first. ``Plan.kept``: the deferred samples this step does not take (still deferred)."""
         if self._in_flight is not None:
             raise EngineError("scheduler: plan() called again before select() closed the step")
         limit = self.config.max_staleness_versions
-        groups = groups_of(self._deferred)
+        groups = groups_of(sorted(deferred, key=lambda s: s.index))
         stale = [any(_too_stale(s, current_version, limit) for s in g) for g in groups]
         dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
         keep = [g for g, bad in zip(groups, stale) if not bad]
@@ -186,33 +186,30 @@ class LengthAwareScheduler:
         ready = [g for g in keep if all(s.finished for s in g)][:pool]
         partial = [g for g in keep if not all(s.finished for s in g)][: pool - len(ready)]
         taken = {g[0].group_id for g in ready + partial}
-        self._deferred = [s for g in keep if g[0].group_id not in taken for s in g]
+        kept = [s for g in keep if g[0].group_id not in taken for s in g]
         resumed = [s for g in partial for s in g if not s.finished]
-        launch = resumed + self._new_samples(make_sample, pool - len(ready) - len(partial))
-        self.dropped_total += len(dropped)
+        launch = resumed + self._fresh(fresh, pool - len(ready) - len(partial))
         self._ready = [s for g in ready for s in g]
         self._waiting = [s for g in partial for s in g if s.finished]
         self._in_flight = {s.index for s in launch}
-        return Plan(launch, list(self._ready), dropped, len(resumed), self.delta if defer else 0, list(self._waiting))
+        return Plan(launch, list(self._ready), dropped, len(resumed), self.delta if defer else 0,
+                    list(self._waiting), kept)
 
-    def _new_samples(self, make_sample: MakeSample, groups: int) -> list[Sample]:
+    def _fresh(self, fresh: Groups, groups: int) -> list[Sample]:
+        """``groups`` new groups from ``fresh`` (fewer when it runs out), each checked: n
+        new samples of one group under consecutive indices."""
         n = self.config.group_size
         out = []
-        for _ in range(groups):
-            members = []
-            for j in range(n):
-                sample = make_sample(self.next_index)
-                if sample is None and j == 0:  # out of prompts
-                    return out
-                group = group_member(self.next_index, n)[0]
-                group_ok = n == 1 or (sample is not None and sample.group == group)
-                if sample is None or sample.index != self.next_index or sample.output_ids or not group_ok:
-                    got = "nothing" if sample is None else f"sample {sample.index} (group {sample.group}, {len(sample.output_ids)} tokens)"
-                    want = f" in group {group}" if n > 1 else ""
-                    raise EngineError(f"scheduler: make_sample({self.next_index}) returned {got}; expected a fresh "
-                                      f"sample with the index it was given{want}")
-                self.next_index += 1
-                members.append(sample)
+        for members in itertools.islice(fresh, groups):
+            first = members[0].index if members else None
+            group = group_member(first, n)[0] if first is not None else None
+            ok = len(members) == n and all(
+                s.index == first + m and not s.output_ids and (n == 1 or s.group == group)
+                for m, s in enumerate(members))
+            if not ok:
+                got = ", ".join(f"{s.index} (group {s.group}, {len(s.output_ids)} tokens)" for s in members) or "nothing"
+                raise EngineError(f"scheduler: the data source handed samples {got}; expected {n} fresh samples of "
+                                  f"group {group} under consecutive indices")
             out += members
         return out
 
@@ -240,7 +237,6 @@ class LengthAwareScheduler:
         keep = self.config.batch_groups
         train = [s for g in done[:keep] for s in g]
         defer = [s for g in done[keep:] for s in g] + [s for g in ran if not all(m.finished for m in g) for s in g]
-        self._deferred = sorted(self._deferred + defer, key=lambda s: s.index)
         self._ready, self._waiting, self._in_flight = [], [], None
         return train, defer
 
@@ -251,41 +247,11 @@ class LengthAwareScheduler:
     def state_dict(self) -> dict[str, Any]:
         if self._in_flight is not None:
             raise EngineError("scheduler: state_dict() mid-step; checkpoint between steps")
-        return {
-            "next_index": self.next_index,
-            "dropped_total": self.dropped_total,
-            "deferred": [dataclasses.asdict(s) for s in self._deferred],
-            "delta": self.delta_ctl.state_dict(),
-        }
+        return {"delta": self.delta_ctl.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_index = int(state["next_index"])
-        self.dropped_total = int(state["dropped_total"])
-        self._deferred = sorted((Sample(**d) for d in state["deferred"]), key=lambda s: s.index)
         self.delta_ctl.load_state_dict(state["delta"])
         self._ready, self._waiting, self._in_flight = [], [], None
-
-
-def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """The deferred groups of a saved scheduler state (:meth:`LengthAwareScheduler.state_dict`):
-    each its samples' dicts in member order, the groups oldest first (by first index)."""
-    by_group: dict[int, list[dict[str, Any]]] = {}
-    for d in state["deferred"]:
-        by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
-    groups = [sorted(members, key=lambda d: d["index"]) for members in by_group.values()]
-    return sorted(groups, key=lambda g: g[0]["index"])
-
-
-def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, *, dropped_total: int,
-                  delta: dict[str, Any]) -> dict[str, Any]:
-    """A saved scheduler state whose deferred buffer is ``groups`` (:func:`saved_groups` of
-    other states) under fresh indices: member m of group j is sample ``sample_index(j, m)``,
-    and the next new sample comes after them; ``delta``: a saved Δ controller."""
-    n = group_size
-    deferred = [dict(d, index=sample_index(j, m, n), group=group_member(sample_index(j, m, n), n)[0])
-                for j, members in enumerate(groups) for m, d in enumerate(members)]
-    return {"next_index": len(groups) * n, "deferred": deferred, "dropped_total": int(dropped_total),
-            "delta": delta}
 
 
 def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str, float]:

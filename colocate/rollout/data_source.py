@@ -1,0 +1,138 @@
+"""The samples of one engine rank before and between the steps that run them.
+
+Owns: :class:`DataSource`: the tokenized training prompts and the held-out ones, this
+rank's position in its stream of prompts (groups drawn) and where the engine ranks'
+streams start (:func:`union_id` interleaves them, so their union is one rank's stream), the seeded cycle over the prompt set, each member's token budget, the names of
+new samples (unique, increasing indices; ``engine.rollout.sample_index``), the deferred
+samples (partial, or finished and waiting for their group or the next step; the scheduler
+is handed them each step and hands back what it defers), and its own state:
+:meth:`DataSource.state_dict` and :func:`redistribute` (a resume on another number of
+engine ranks).
+
+Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring them
+(``colocate.rollout.rollouts``), how older checkpoints stored this state
+(``colocate.run.checkpoint_layouts``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+from colocate.config import RolloutConfig
+from colocate.engine.rollout import Sample, group_member, sample_index
+from colocate.rollout.rollout_phase import Prompt, prompt_samples, response_budget
+
+
+@dataclasses.dataclass
+class DataSource:
+    prompts: list[Prompt]
+    rollout: RolloutConfig  # group size n, the length distribution of token budgets
+    seed: int  # run.seed: the budgets' draw
+    rank: int = 0  # this engine rank (Placement.engine_rank) of
+    ranks: int = 1  # the run's engine ranks
+    eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
+    base: int = 0  # where the engine ranks' streams start (a resume on another world size moves it)
+    drawn: int = 0  # groups this rank has drawn
+    next_index: int = 0  # the next new sample's index
+    dropped_total: int = 0  # deferred samples dropped as too stale
+    deferred: list[Sample] = dataclasses.field(default_factory=list)  # ascending index: oldest first
+
+    def groups(self) -> Iterator[list[Sample]]:
+        """New groups, one per ``next()``: group g's n members (indices g·n … g·n + n − 1)
+        share the next prompt of this rank's stream, drawn through a fixed, seeded cycle over
+        the prompt set; each member has its own token budget (``response_budget`` at draw
+        ``position · n + member``). Only the groups taken advance the position."""
+        n = self.rollout.group_size
+        while True:
+            pos = self.base + union_id(self.drawn, self.rank, self.ranks)
+            prompt = self.prompts[pos % len(self.prompts)]
+            group = group_member(self.next_index, n)[0]
+            members = [Sample(self.next_index + m, list(prompt.ids),
+                              response_budget(self.rollout, self.seed, sample_index(pos, m, n)),
+                              group=group, record=dict(prompt.record)) for m in range(n)]
+            self.drawn += 1
+            self.next_index += n
+            yield members
+
+    def take_deferred(self) -> list[Sample]:
+        """Every deferred sample, oldest first; the buffer is empty until :meth:`defer`."""
+        out, self.deferred = self.deferred, []
+        return out
+
+    def defer(self, samples: Sequence[Sample], dropped: int = 0) -> None:
+        """Keep ``samples`` for a later step (``dropped``: how many were dropped as too stale)."""
+        self.deferred = sorted([*self.deferred, *samples], key=lambda s: s.index)
+        self.dropped_total += dropped
+
+    def eval_samples(self, max_new_tokens: int) -> list[Sample]:
+        """The held-out prompts, one sample each (index = position), each with the whole budget."""
+        return prompt_samples(self.eval_prompts, max_new_tokens)
+
+    def restart(self) -> None:
+        """Back to the stream's start with nothing deferred (a new run on the same prompts)."""
+        self.base = self.drawn = self.next_index = self.dropped_total = 0
+        self.deferred = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's part (the stream's base is the run's: :func:`redistribute`)."""
+        return {"data_pos": self.drawn, "next_index": self.next_index, "dropped_total": self.dropped_total,
+                "deferred": [dataclasses.asdict(s) for s in self.deferred]}
+
+    def load_state_dict(self, base: int, state: dict[str, Any]) -> None:
+        self.base, self.drawn = int(base), int(state["data_pos"])
+        self.next_index, self.dropped_total = int(state["next_index"]), int(state["dropped_total"])
+        self.deferred = sorted((Sample(**d) for d in state["deferred"]), key=lambda s: s.index)
+
+
+def union_id(local: int, rank: int, ranks: int) -> int:
+    """Engine rank ``rank``'s local sample index (or group id, or stream position) in the
+    union of ``ranks`` ranks' shares: interleaved, so the union is what one rank would
+    have drawn."""
+    return local * ranks + rank
+
+
+def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The deferred groups of a saved rank state (:meth:`DataSource.state_dict`): each its
+    samples' dicts in member order, the groups oldest first (by first index)."""
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for d in state["deferred"]:
+        by_group.setdefault(d["index"] if d.get("group") is None else d["group"], []).append(d)
+    groups = [sorted(members, key=lambda d: d["index"]) for members in by_group.values()]
+    return sorted(groups, key=lambda g: g[0]["index"])
+
+
+def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, *,
+                  dropped_total: int = 0) -> dict[str, Any]:
+    """A saved rank state at the stream's start whose deferred buffer is ``groups``
+    (:func:`saved_groups` of other states) under fresh indices: member m of group j is
+    sample ``sample_index(j, m)``, and the next new sample comes after them."""
+    n = group_size
+    deferred = [dict(d, index=sample_index(j, m, n), group=group_member(sample_index(j, m, n), n)[0])
+                for j, members in enumerate(groups) for m, d in enumerate(members)]
+    return {"data_pos": 0, "next_index": len(groups) * n, "dropped_total": int(dropped_total), "deferred": deferred}
+
+
+def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
+                 group_size: int) -> tuple[int, list[dict[str, Any]], str | None]:
+    """The saved data states of ``len(states)`` engine ranks for ``ranks`` ranks:
+    ``(base, states, note)``. Same count: unchanged (note None). Otherwise every stream
+    restarts at the first position no old rank reached (a few prompts of the slower ranks'
+    streams are skipped) and the deferred groups are dealt round-robin, oldest first, under
+    fresh local indices (the dropped count to the first rank); ``note`` says what moved."""
+    if len(states) == ranks:
+        return base, list(states), None
+    old = len(states)
+    new_base = base + max(s["data_pos"] for s in states) * old
+    groups: list[tuple[int, list[dict[str, Any]]]] = []  # (age in the union, members)
+    for r, state in enumerate(states):
+        groups += [(union_id(members[0]["index"], r, old), members) for members in saved_groups(state)]
+    groups.sort(key=lambda g: g[0])
+    dropped = sum(s["dropped_total"] for s in states)
+    out = [state_holding([m for i, (_, m) in enumerate(groups) if i % ranks == r], group_size,
+                         dropped_total=dropped if r == 0 else 0) for r in range(ranks)]
+    if not groups:
+        return new_base, out, f"{old} engine ranks -> {ranks}: prompts continue from position {new_base}"
+    moved = sum(len(m) for _, m in groups)
+    return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
+                           f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")
