@@ -2,8 +2,9 @@
 
 Owns: :class:`DataSource`: the tokenized training prompts and the held-out ones, this
 rank's position in its stream of prompts (groups drawn) and where the engine ranks'
-streams start (:func:`union_id` interleaves them, so their union is one rank's stream), the seeded cycle over the prompt set, each member's token budget, the names of
-new samples (unique, increasing indices; ``engine.rollout.sample_index``), the deferred
+streams start (:meth:`DataSource.position`: :func:`union_id` interleaves them, so their
+union is one rank's stream), the seeded cycle over the prompt set, each member's token
+budget, the names of new samples (unique, increasing indices; ``engine.rollout.sample_index``), the deferred
 samples (partial, or finished and waiting for their group or the next step; the scheduler
 is handed them each step and hands back what it defers), and its own state:
 :meth:`DataSource.state_dict` and :func:`redistribute` (a resume on another number of
@@ -45,7 +46,7 @@ class DataSource:
         ``position · n + member``). Only the groups taken advance the position."""
         n = self.rollout.group_size
         while True:
-            pos = self.base + union_id(self.drawn, self.rank, self.ranks)
+            pos = self.position(self.drawn)
             prompt = self.prompts[pos % len(self.prompts)]
             group = group_member(self.next_index, n)[0]
             members = [Sample(self.next_index + m, list(prompt.ids),
@@ -54,6 +55,11 @@ class DataSource:
             self.drawn += 1
             self.next_index += n
             yield members
+
+    def position(self, drawn: int) -> int:
+        """Data position of this rank's ``drawn``-th group (0-based): the engine ranks'
+        streams interleaved from ``base``, disjoint, their union one rank's stream."""
+        return self.base + union_id(drawn, self.rank, self.ranks)
 
     def take_deferred(self) -> list[Sample]:
         """Every deferred sample, oldest first; the buffer is empty until :meth:`defer`."""

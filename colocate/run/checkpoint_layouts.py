@@ -52,14 +52,15 @@ def current(parts: Mapping[str, Any], reward_scale: float) -> dict[str, Any]:
 
 def _data_state(data_pos: int, overlap: Mapping[str, Any] | None, reward_scale: float) -> dict[str, Any]:
     """A layout 0/1 rank's stream position and scheduler buffer as ``DataSource.state_dict``."""
-    scheduler = (overlap or {}).get("scheduler") or {}
-    scores, records = (overlap or {}).get("ready_scores", {}), (overlap or {}).get("records", {})
+    overlap = overlap or {}
+    scheduler = overlap.get("scheduler") or {}
+    scores, records = overlap.get("ready_scores", {}), overlap.get("records", {})
     deferred = []
     for d in scheduler.get("deferred", []):
         d = dict(d)
         d.setdefault("score", scores.get(str(d["index"])))
         d.setdefault("record", records.get(str(d["index"]), {}))
-        if not (overlap or {}).get("scores_scaled") and d["score"] is not None:
+        if not overlap.get("scores_scaled") and d["score"] is not None:
             d["score"] = d["score"] * reward_scale
         deferred.append(d)
     # a sequential run's scheduler was not saved: it started again at index 0, the stream went on

@@ -1,8 +1,9 @@
 """This rank's engines for one run: the actor and the inline reward engine.
 
 Owns: :class:`RankEngines`: where they run (``Placement``), how they time-share the device
-with the trainer (``TimeSharing``) and the tensor-parallel weight exchange; starting them (or taking them from an
-:class:`~colocate.engine.pool.EnginePool` the caller keeps across runs), the one
+with the trainer (``TimeSharing``) and the tensor-parallel weight exchange; starting them
+(or taking them from an :class:`~colocate.engine.pool.EnginePool` the caller keeps across
+runs), the one
 start-up log line, the request counters the step reports, and handing them back at the
 end (shut down, or kept by the pool). A rank without engines (``Placement.hosts_engines``
 false) holds none. Leaves out: where engines run and with what (``colocate.run.placement``,

@@ -3,10 +3,9 @@
 Owns: :class:`Placement`, which says, for this rank, whether it hosts SGLang engines (every
 rank with ``engines.tp_size`` 1, the first rank of each tensor-parallel group otherwise),
 which share of the rollout it runs (``rollout.batch_size`` split over the engine ranks in
-whole groups), which prompts it draws (engine rank r of R takes data positions
-``base + k·R + r``: the ranks' streams are disjoint and their union is one rank's), how
-its samples are named in the step's union (its k-th local sample index/group ↦ k·R + r,
-so the union sorted by index is what one rank would have drawn), and where its engines
+whole groups), its engine rank r of R (by which its data source draws positions
+``base + k·R + r`` and names its samples in the step's union, ``data_source.union_id``),
+and where its engines
 run (GPU ``base_gpu_id``: the trainer's own device, by the one rule
 ``trainer.distributed.local_device_index``, so under a launcher that shows each process
 one GPU both pick 0; on CPU the rank's share of the cores; NCCL ports
@@ -14,8 +13,8 @@ from disjoint per-rank ranges, so ranks starting engines side by side never race
 and its tensor-parallel group (``tp_size`` consecutive ranks; TP rank i on the GPU of the
 group's i-th rank, ``gpu_id`` + i).
 
-Leaves out: joining the ranks' rollouts and checkpoint states (``colocate.run.rank_rollouts``);
-starting the engines (``colocate.run.builder``).
+Leaves out: joining the ranks' rollouts (``colocate.run.rank_rollouts``), the streams
+themselves (``colocate.rollout.data_source``); starting the engines (``colocate.run.builder``).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import socket
 from typing import Mapping
 
 from colocate.errors import ConfigError
-from colocate.rollout.data_source import union_id  # noqa: F401  (re-exported: the union's names)
 from colocate.trainer.distributed import local_device_index
 
 PORT_BASE = 31000  # NCCL ports of the engines' schedulers: PORT_BASE + PORT_SPAN * (2 * local rank + role)
@@ -97,10 +95,6 @@ class Placement:
                 f"rollout.batch_size: {batch_size} does not split over {ranks} engine ranks in whole groups of "
                 f"rollout.group_size {group_size}; make it a multiple of {ranks * group_size}")
         return batch_size // ranks
-
-    def position(self, base: int, drawn: int) -> int:
-        """Data position of this rank's ``drawn``-th group (0-based) of a stream starting at ``base``."""
-        return base + union_id(drawn, self.engine_rank, self.engine_ranks)
 
     def engine_cores(self, cores: int) -> int:
         """CPU cores of this rank's engines: the node's cores over its engine ranks."""

@@ -68,7 +68,7 @@ def test_sequential_checkpoints_only_move_the_prompt_streams():
     base, states, note = data_source.redistribute(parts["data"]["base"], parts["data"]["ranks"], 1, 1)
     assert (base, states) == (8, [{"data_pos": 0, **EMPTY}]) and "prompts continue from position 8" in note
     # the two-rank streams covered positions 0..7: the one-rank stream goes on from 8
-    assert Placement().position(base, 0) == 8
+    assert DataSource([], RolloutConfig(), 0, base=base).position(0) == 8
 
 
 def test_layout_1_carries_each_ranks_deferred_samples_counts_delta_tuner_and_picker():

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.run.placement import PORT_BASE, PORT_SPAN, Placement, placement_of, union_id
+from colocate.config import RolloutConfig
+from colocate.rollout.data_source import DataSource, union_id
+from colocate.run.placement import PORT_BASE, PORT_SPAN, Placement, placement_of
 
 
 def test_every_rank_hosts_engines_with_tp_1_and_the_first_of_each_group_otherwise():
@@ -33,9 +35,12 @@ def test_the_batch_splits_in_whole_groups_or_one_line():
 
 def test_prompt_streams_are_disjoint_and_their_union_is_one_ranks_stream():
     ranks = [Placement(r, 3, r, 3) for r in range(3)]
-    drawn = [[p.position(10, k) for k in range(4)] for p in ranks]
-    flat = sorted(x for stream in drawn for x in stream)
-    assert flat == [Placement().position(10, k) for k in range(12)] == list(range(10, 22))
+    def stream(p):  # this engine rank's data source, its streams starting at 10
+        return DataSource([], RolloutConfig(), 0, p.engine_rank, p.engine_ranks, base=10)
+
+    drawn = [[stream(p).position(k) for k in range(4)] for p in ranks]
+    flat = sorted(x for own in drawn for x in own)
+    assert flat == [stream(Placement()).position(k) for k in range(12)] == list(range(10, 22))
     assert len(set(flat)) == 12
     # local sample indices / group ids name the union's the same way
     assert sorted(union_id(i, p.engine_rank, p.engine_ranks) for p in ranks for i in range(4)) == list(range(12))
