@@ -6,6 +6,7 @@ from run to run even at one commit (where the cut lands among concurrent streams
 which tokens a straggler got under the old weights).
 
     python scripts/greedy_modes.py OUT.json
+    python scripts/greedy_modes.py --compare BEFORE.json AFTER.json   # per mode: equal counts, max |Δ|
 """
 import hashlib, json, sys, tempfile
 from pathlib import Path
@@ -40,5 +41,19 @@ def main(out):
         print(mode, json.dumps(res[mode]), flush=True)
     Path(out).write_text(json.dumps(res, indent=1))
 
+def compare(before, after):
+    """Per mode: whether every step's lengths and counts are equal, whether the first step is,
+    and the largest reward and KL differences."""
+    a, b = json.loads(Path(before).read_text()), json.loads(Path(after).read_text())
+    counts = ("response_len", "prompt_len", "trained_samples", "overlap/deferred", "overlap/resumed")
+    for mode in a:
+        sa, sb = a[mode]["steps"], b[mode]["steps"]
+        same = all(x[k] == y[k] for x, y in zip(sa, sb) for k in counts)
+        dr = max(abs(x["reward_mean"] - y["reward_mean"]) for x, y in zip(sa, sb))
+        dk = max(abs((x["kl"] or 0) - (y["kl"] or 0)) for x, y in zip(sa, sb))
+        first = all(sa[0][k] == sb[0][k] for k in counts) and abs(sa[0]["reward_mean"] - sb[0]["reward_mean"]) < 1e-6
+        print(f"{mode:10s} counts equal={same} first step equal={first} max|d reward|={dr:.2e} max|d KL|={dk:.2e} "
+              f"actor {a[mode]['actor_sha']} {b[mode]['actor_sha']}")
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    compare(*sys.argv[2:4]) if sys.argv[1] == "--compare" else main(sys.argv[1])
