@@ -124,7 +124,7 @@ class PPOConfig:
     loss_agg: str = "token-mean"
     value_coef: float = 1.0
     packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
-    micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 1024 with sdpa, 8192 with flash-attention)
+    micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 8192 on CUDA, 1024 on the CPU)
     shared_prefix: bool = True  # packed: a group's rows with one prompt carry it once (not under flash-attention 2)
     old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
     # advantage estimator: gae (with a critic) or critic-free over rollout.group_size samples
@@ -136,8 +136,9 @@ class PPOConfig:
     # OpenRLHF's --gradient_checkpointing): less trainer memory for one more forward per pass
     gradient_checkpointing: bool = False
     # the trainer models' attention (transformers' attn_implementation; verl's override_config
-    # attn_implementation): auto (flash_attention_2 on CUDA in half precision when installed,
-    # else sdpa), sdpa (per packed sequence), flex_attention (CUDA: one BlockMask kernel per layer)
+    # attn_implementation): auto (on CUDA in half precision flash_attention_2 when installed,
+    # else flex_attention; else sdpa), sdpa (per packed sequence), flex_attention (CUDA: one
+    # BlockMask kernel per layer)
     attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2"] = "auto"
 
 

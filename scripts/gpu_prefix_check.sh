@@ -9,6 +9,8 @@
 #      x ppo.shared_prefix false / true (RUNS: attention:shared pairs, in order), the same batches in each run.
 # Results go to $OUT (log.txt, results.tgz with each run's train_phases.json/md), refreshed
 # after each part; a deadline (GPU_CHECK_S, default 420 s) skips what would not finish.
+# Knobs: RUNS, TOKENS (ppo.micro_batch_tokens of every run; default: each attention's own),
+# STEPS (measured steps per run, default 2), PYTEST_S (the CUDA tests' share, default 150 s).
 #   DEVICE=cpu OUT=/tmp/gpc bash scripts/gpu_prefix_check.sh   # dry run here (tiny shape, sdpa only)
 # On the GPU machine: carry [".gpukit/site.tgz"] (bash scripts/gpu_kit/make.sh).
 set -u
@@ -29,16 +31,24 @@ if [ "$DEVICE" = cuda ]; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$W/install.log" 2>&1 || { cat "$W/install.log"; exit 1; }
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   SHAPE=qwen2.5-0.5b; RUNS=${RUNS:-"sdpa:false sdpa:true flex_attention:true flex_attention:false"}
-  SIZE=(--batch 64 --prompt-tokens 256 --response-tokens 1024 --lengths lognormal --steps 2 --warmup 1)
+  SIZE=(--batch 64 --prompt-tokens 256 --response-tokens 1024 --lengths lognormal --steps "${STEPS:-2}" --warmup 1)
 else
   SHAPE=tiny; RUNS=${RUNS:-"sdpa:false sdpa:true"}
   SIZE=(--batch 8 --prompt-tokens 16 --response-tokens 32 --lengths lognormal --steps 1 --warmup 1)
 fi
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+python3 - "$DEVICE" <<'EOF'
+import sys
+from colocate.trainer.settings import TrainerSettings, flash_attn_2_available
+for dtype in ("bfloat16", "float32"):  # what ppo.attention=auto resolves to here
+    s = TrainerSettings(actor_path="/m", device=sys.argv[1], dtype=dtype, packing=True)
+    print(f"auto, {dtype}: {s.attn_implementation}, {s.token_budget} tokens, shared prefix {s.shares_prefix}",
+          f"(flash-attention 2 installed: {flash_attn_2_available()})")
+EOF
 
 echo "== CUDA tests ($(left) s left)"
 if [ "$DEVICE" = cuda ]; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short tests/integration/test_shared_prefix.py \
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short tests/integration/test_shared_prefix.py \
     -k cuda >"$W/pytest_cuda.log" 2>&1
   grep -E "^E |Error|passed|failed" "$W/pytest_cuda.log" | head -30
   pack
@@ -53,7 +63,8 @@ for run in $RUNS; do  # attention:shared_prefix, in order of worth
   if [ "$(left)" -lt 45 ]; then echo "skipped $name: $(left) s left" | tee -a "$W/skipped.txt"; continue; fi
   echo "== $name ($(left) s left)"
   timeout "$(left)" python3 -m colocate.bench.train_phases --device "$DEVICE" --model "$MODEL" "${SIZE[@]}" \
-    "${GRPO[@]}" --set ppo.attention="$attn" --set ppo.shared_prefix="$shared" --out "$W/$name" >"$W/$name.log" 2>&1
+    "${GRPO[@]}" --set ppo.attention="$attn" --set ppo.shared_prefix="$shared" ${TOKENS:+--set ppo.micro_batch_tokens=$TOKENS} \
+    --out "$W/$name" >"$W/$name.log" 2>&1
   echo "rc $? $name" | tee -a "$W/rc.txt"
   grep -E "^step|^\| (ref|old_logp|actor|total) |^attention|peak allocated|Error" "$W/$name.log" | grep -v "warm-up" | head -20
   pack

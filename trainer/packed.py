@@ -36,6 +36,9 @@ from .batch import TrainBatch, response_positions
 from .packing import Plan, shared_units, unit_tokens
 
 
+FLEX_BLOCK = 128  # flex attention's block (create_block_mask's default): a flex row is padded to a multiple
+
+
 @dataclasses.dataclass(frozen=True)
 class PackedRows:
     input_ids: torch.Tensor  # [1, N] long, each row's prompt + response tokens, concatenated
@@ -63,6 +66,28 @@ class PackedRows:
             return None
         index = torch.arange(self.tokens, device=self.segment.device)
         return visible(self.segment, self.part, index[:, None], index[None, :])[None, None]
+
+    def padded(self, multiple: int) -> PackedRows:
+        """The row with pad tokens appended up to a multiple of `multiple` tokens, in a
+        segment of their own (no real token sees them; `keep` unchanged). Flex attention runs
+        whole 128-token blocks: torch 2.11's inductor found no kernel for a row shorter than
+        one on an H100, and a row that ends inside a block can give NaN gradients when a
+        score_mod is passed beside the BlockMask, as transformers does (pytorch#153799)."""
+        extra = -self.tokens % multiple
+        if not extra:
+            return self
+        ids = self.input_ids.new_zeros(1, extra)
+        tail = torch.arange(extra, device=self.segment.device)
+        return dataclasses.replace(
+            self, input_ids=torch.cat([self.input_ids, ids], 1),
+            position_ids=torch.cat([self.position_ids, tail[None]], 1),
+            cu_seq_lens=torch.cat([self.cu_seq_lens, self.cu_seq_lens.new_tensor([self.tokens + extra])]),
+            segment=torch.cat([self.segment, torch.full_like(tail, len(self.cu_seq_lens) - 1)]),
+            part=torch.cat([self.part, torch.zeros_like(tail)]))
+
+    def for_attention(self, implementation: str | None) -> PackedRows:
+        """The row as `implementation` runs it: padded to `FLEX_BLOCK` for flex attention."""
+        return self.padded(FLEX_BLOCK) if implementation == "flex_attention" else self
 
     def attention_kwargs(self, implementation: str | None = None) -> dict[str, object]:
         """A model forward's attention keywords for transformers' `implementation`.

@@ -137,19 +137,22 @@ class TrainerSettings:
     def attn_implementation(self) -> str | None:
         """transformers' attention for the trainer's models. Padded: None, transformers'
         default (sdpa), unless `attention` names one. Packed, `attention` "auto":
-        flash-attention 2 (varlen kernels) on CUDA in half precision when it is installed
-        (`flash_attn_2_available`), else `VARLEN_SDPA` (causal sdpa per packed sequence,
+        on CUDA in half precision, flash-attention 2 (varlen kernels) when it is installed
+        (`flash_attn_2_available`), else flex attention (one BlockMask kernel per layer,
+        shared prefixes kept); otherwise `VARLEN_SDPA` (causal sdpa per packed sequence,
         `trainer/varlen_attention.py`; sdpa over the whole row with transformers'
         block-diagonal mask does ~N^2 work per row of N tokens: 4-7x more on our CPU at
-        1200-4000 tokens, and flex attention has no CPU backward in torch 2.14). "sdpa" is
+        1200-4000 tokens, and flex attention has no CPU backward in torch 2.14, nor a
+        float32 CUDA kernel in torch 2.11's inductor). "sdpa" is
         `VARLEN_SDPA` when packed; "flex_attention" runs each packed row as one flex kernel
         per layer over a BlockMask of its sequences (`trainer/packed.py`, CUDA)."""
         if self.attention == "sdpa" or (self.attention == "auto" and not self.packing):
             return VARLEN_SDPA if self.packing else None
         if self.attention != "auto":
             return self.attention
-        flash = self.device.startswith("cuda") and self.dtype != "float32" and flash_attn_2_available()
-        return "flash_attention_2" if flash else VARLEN_SDPA
+        if not self.device.startswith("cuda") or self.dtype == "float32":
+            return VARLEN_SDPA
+        return "flash_attention_2" if flash_attn_2_available() else "flex_attention"
 
     @property
     def shares_prefix(self) -> bool:
@@ -160,13 +163,14 @@ class TrainerSettings:
 
     @property
     def token_budget(self) -> int:
-        """Tokens per packed micro-batch: `micro_batch_tokens`, or with 0 (auto) 8192 under
-        flash-attention and 1024 otherwise: on our CPU (SmolLM2 shape, 2 threads, fwd + bwd
-        of packed 300-token sequences) the varlen sdpa path ran 149 tokens/s at 1200 tokens
-        per micro-batch and 115 at 2400, sdpa with the block-diagonal mask 75 at both."""
+        """Tokens per packed micro-batch: `micro_batch_tokens`, or with 0 (auto) 8192 on CUDA
+        and 1024 on the CPU. On our CPU (SmolLM2 shape, 2 threads, fwd + bwd of packed
+        300-token sequences) the varlen sdpa path ran 149 tokens/s at 1200 tokens per
+        micro-batch and 115 at 2400; on an H100 (Qwen2.5-0.5B shape, bf16, GRPO n = 4) its
+        ref + old logp + actor took 9.9 s at 8192 against 31.8 s at 1024 (docs/bench.md)."""
         if self.micro_batch_tokens:
             return self.micro_batch_tokens
-        return 8192 if self.attn_implementation in ("flash_attention_2", "flex_attention") else 1024
+        return 8192 if self.device.startswith("cuda") else 1024
 
 
 def flash_attn_2_available() -> bool:

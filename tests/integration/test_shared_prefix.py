@@ -15,7 +15,7 @@ from colocate.trainer.batch import TrainBatch, make_batch
 from colocate.trainer.critic import ValueModel
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from colocate.trainer.lora import LoraSettings, add_lora
-from colocate.trainer.packed import pack, prefix_groups, trainer_tokens
+from colocate.trainer.packed import FLEX_BLOCK, pack, prefix_groups, trainer_tokens, visible
 from colocate.trainer.ppo_trainer import PPOTrainer
 from colocate.trainer.varlen_attention import register_varlen_sdpa
 
@@ -70,6 +70,26 @@ def test_the_packed_row_holds_each_prompt_once():
     assert shared.tokens == expected < separate.tokens == int(lengths.sum())
     assert trainer_tokens(batch, True) == (expected, separate.tokens)
     assert trainer_tokens(batch, False) == (separate.tokens, separate.tokens)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_row_padded_to_flex_blocks_gives_the_same_results(tiny_actor_path, attn, share):
+    """`PackedRows.padded` (flex attention's whole blocks): pads in a segment of their own,
+    seen by no real token and seeing none; every kept position's logits as without pads."""
+    model, _ = _models(tiny_actor_path, attn, "plain")
+    rows = pack(group_batch(1), share=share)
+    padded = rows.padded(FLEX_BLOCK)
+    n, m = rows.tokens, padded.tokens
+    assert m % FLEX_BLOCK == 0 and 0 < m - n < FLEX_BLOCK and padded.padded(FLEX_BLOCK) is padded
+    assert torch.equal(padded.keep, rows.keep) and torch.equal(padded.input_ids[:, :n], rows.input_ids)
+    index = torch.arange(m)
+    seen = visible(padded.segment, padded.part, index[:, None], index[None, :])
+    assert not seen[:n, n:].any() and not seen[n:, :n].any() and seen[n:, n:].any()
+    assert torch.equal(seen[:n, :n], visible(rows.segment, rows.part, index[:n, None], index[None, :n]))
+    with torch.no_grad():
+        want, got = (model(input_ids=r.input_ids, position_ids=r.position_ids, **r.attention_kwargs(attn)).logits[0, r.keep]
+                     for r in (rows, padded))
+    torch.testing.assert_close(got, want, **TOL)
 
 
 def _models(path: str, attn: str, variant: str) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -134,7 +154,7 @@ def _cuda_models(tmp_path, attn: str, head_dim: int, dtype: torch.dtype):
     from colocate.assets.models import build_tiny_causal_lm
 
     path = str(build_tiny_causal_lm(tmp_path / "m", hidden=2 * head_dim, heads=2, kv_heads=1))
-    return (m.to("cuda", dtype) for m in _models(path, attn, "plain"))
+    return tuple(m.to("cuda", dtype) for m in _models(path, attn, "plain"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -160,8 +180,10 @@ def test_flex_attention_equals_sdpa_on_cuda_in_bfloat16(tmp_path):
     """Flex attention's BlockMask path (one kernel per layer) against sdpa's per-segment path,
     both in bfloat16 (torch 2.11's inductor compiled no float32 flex kernel on an H100, so
     float32 is refused: `TrainerSettings`): shared-prefix and unshared rows, log-probs and
-    values to bf16 rounding, gradients to 2 % of their scale. Written after that run; not
-    yet run on a GPU."""
+    values to bf16 rounding, gradients to 2 % of their scale. Flex rows are padded to whole
+    128-token blocks (`PackedRows.padded`): unpadded, this 85-token row found no kernel in
+    torch 2.11's inductor. The shared mode passed on an H200, 2026-11-27 (the unshared mode
+    did not run: the models were a spent generator, mended since)."""
     flex, sdpa = (_cuda_models(tmp_path / a, a if a == "flex_attention" else register_varlen_sdpa(), 64,
                                torch.bfloat16) for a in ("flex_attention", "sdpa"))
     batch = group_batch(1).to("cuda")
