@@ -2,7 +2,8 @@
 
 Owns: preparing the process so SGLang's CPU engine path works (``SGLANG_USE_CPU_ENGINE``
 and, when the real ``sgl_kernel`` is absent, our two-op stand-in on the import path of
-this process and of the scheduler children it spawns), what an engine's spawned processes
+this process and of the scheduler children it spawns), the model classes those children
+register at start (``SGLANG_EXTERNAL_MODEL_PACKAGE``, ``engine/sglang_models``), what an engine's spawned processes
 read from the environment as they start (torch threads, whether their progress bars
 show: :func:`shows_progress` of the engine's ``log_level``), and importing the SGLang
 names colocate uses. Everything else in ``engine/`` goes through :func:`load`.
@@ -30,6 +31,7 @@ from typing import Any
 
 SUPPORTED_SGLANG = ("0.5.",)
 _STANDIN_DIR = Path(__file__).resolve().parent / "cpu_kernel"
+MODEL_PACKAGE = "colocate.engine.sglang_models"  # engine/sglang_models: what a scheduler imports at start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,8 @@ def prepare(device: str = "auto") -> Platform:
     use_cuda = _has_cuda() if device == "auto" else device == "cuda"
     standin = False
     _quiet_known_warnings(_HARMLESS_ALWAYS + (() if use_cuda else _HARMLESS_ON_CPU))
+    # schedulers import only the model classes colocate uses (a user's own package is kept)
+    os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
     if not use_cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         if not _real_sgl_kernel_present():
@@ -102,6 +106,16 @@ def prepare(device: str = "auto") -> Platform:
     if not ver.startswith(SUPPORTED_SGLANG):
         raise RuntimeError(f"sglang {ver} is not supported; colocate needs sglang 0.5.x")
     return Platform(device="cuda" if use_cuda else "cpu", sglang_version=ver, kernel_standin=standin)
+
+
+def model_classes() -> list[type]:
+    """SGLang's classes for the architectures colocate's models use (the actor's causal LMs,
+    the reward model's sequence classifier), which ``engine/sglang_models`` registers."""
+    from sglang.srt.models.llama import LlamaForCausalLM
+    from sglang.srt.models.llama_reward import LlamaForSequenceClassification
+    from sglang.srt.models.qwen2 import Qwen2ForCausalLM
+
+    return [LlamaForCausalLM, Qwen2ForCausalLM, LlamaForSequenceClassification]
 
 
 @contextlib.contextmanager
