@@ -10,7 +10,8 @@ parked stragglers between steps, and :class:`Relay`, which hands a parked stream
 tokens to whichever step consumes them.
 
 The scheduler never sees a parked stream: at the cut it gets a frozen copy of the sample
-(the partial as of the cut, ``finish_reason="abort"``, exactly what ``abort`` gives), and
+(the partial as of the cut, deferred with ``finish_reason="abort"``, exactly what ``abort``
+gives; the stream's own sample is parked, ``Status.PARKED``, until a step adopts it), and
 checkpoints carry that copy, so a resumed run re-generates from it and nothing is trained
 twice. When a later step launches the sample again it adopts the live stream instead of
 sending a new request: the tokens produced meanwhile, and the finish, are already there.
@@ -27,7 +28,7 @@ from typing import Awaitable, Callable, Sequence
 
 from . import rollout
 from .errors import EngineConfigError
-from .rollout import Sample
+from .rollout import Sample, Status
 
 PAUSE_MODES = ("abort", "in_place", "retract")
 OnTokens = Callable[[Sample, list[int]], Awaitable[None] | None]
@@ -99,7 +100,8 @@ def frozen(sample: Sample) -> Sample:
     """The scheduler's copy of a parked sample: its partial as of now."""
     return dataclasses.replace(sample, output_ids=list(sample.output_ids), logprobs=list(sample.logprobs),
                                versions=list(sample.versions), loss_mask=list(sample.loss_mask),
-                               observations=list(sample.observations), finish_reason="abort")
+                               observations=list(sample.observations), finish_reason="abort",
+                               status=Status.DEFERRED)
 
 
 class LiveRequests:
@@ -120,11 +122,17 @@ class LiveRequests:
 
     def park(self, req: LiveRequest) -> None:
         req.relay.park()
+        if not req.task.done():  # a stream that ended is finished or deferred already
+            req.sample.status = Status.PARKED
         self._live[req.sample.index] = req
 
     def adopt(self, index: int) -> LiveRequest | None:
-        """The parked stream of sample ``index`` (removed from here), or None."""
-        return self._live.pop(index, None)
+        """The parked stream of sample ``index`` (removed from here; running again unless it
+        ended while parked), or None."""
+        req = self._live.pop(index, None)
+        if req is not None and req.sample.status is Status.PARKED:
+            req.sample.status = Status.RUNNING
+        return req
 
     def unstarted(self) -> list[int]:
         """Parked requests that have produced no token: they were still queued at the pause."""

@@ -1,9 +1,9 @@
 """Streaming rollout on the actor engine: submit, stream, abort, resume.
 
 Owns: :class:`Sample` (one prompt's generation state in plain Python: tokens, sampling
-logprobs and the weight version of every token, and for a multi-turn trajectory which
-tokens came from the environment), request ids that SGLang's prefix-matching abort cannot
-confuse, streaming one sample while calling back with each new chunk, resuming a partial
+logprobs and the weight version of every token, for a multi-turn trajectory which tokens
+came from the environment, and where it is in its life, :class:`Status`), request ids
+that SGLang's prefix-matching abort cannot confuse, streaming one sample while calling back with each new chunk, resuming a partial
 sample with exactly its remaining token budget, and the turn loop of a multi-turn
 trajectory (:class:`MultiTurn`): after each model turn the caller's ``answer`` gives the
 environment's tokens, which are appended out of the loss (``Sample.loss_mask``), and the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 from typing import Any, Awaitable, Callable, Sequence
 
 from .errors import EngineError
@@ -67,12 +68,31 @@ def group_member(index: int, n: int) -> tuple[int | None, int]:
     return (index // n if n > 1 else None), index % n
 
 
+class Status(str, enum.Enum):
+    """Where a sample is in its life (``Sample.status``): made and not yet sent (waiting), its
+    request in the engine or its environment answering (running), its request kept paused
+    in the engine across a step boundary (parked, ``engine.live``), ended by a stop token,
+    its budget or its environment (finished: to score and train, now or in a later batch),
+    or cut at a step's end with its partial kept for a later step (deferred). Checkpoints
+    store the value (a plain string)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PARKED = "parked"
+    FINISHED = "finished"
+    DEFERRED = "deferred"
+
+
+ENDED = ("stop", "length")  # the engine's finish reasons of a finished request
+
+
 @dataclasses.dataclass
 class Sample:
     """One response to a prompt, from the prompt to the trained batch: the prompt (ids and
     source record), its group (the samples of one prompt), its budget, everything generated
-    so far (tokens, sampling logprobs, the weight version of every token) and its score.
-    Plain JSON-safe fields: checkpoints carry deferred samples as they are."""
+    so far (tokens, sampling logprobs, the weight version of every token), its status and its
+    score. Plain JSON-safe fields (`state` / `from_state`): checkpoints carry deferred
+    samples as they are."""
 
     index: int  # unique over a run, increasing in launch order
     prompt_ids: list[int]
@@ -80,7 +100,8 @@ class Sample:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)  # sampling logprobs
     versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
-    finish_reason: str | None = None  # stop | length | abort | None (not started)
+    finish_reason: str | None = None  # the engine's, of its last request: stop | length | abort | None (not started)
+    status: Status = Status.WAITING
     attempts: int = 0
     group: int | None = None  # samples of one prompt share it; None: a group of its own
     record: dict[str, Any] = dataclasses.field(default_factory=dict)  # the prompt's source record (rule rewards)
@@ -94,6 +115,27 @@ class Sample:
     env_reward: float = 0.0  # the environment's rewards so far, summed
     turn_cached_tokens: int = 0  # context tokens later turns' requests found in the radix cache
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a stored value back to its member
+
+    def state(self) -> dict[str, Any]:
+        """The sample as plain JSON/torch-safe values (the status as its string)."""
+        return {**dataclasses.asdict(self), "status": self.status.value}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Sample:
+        """A sample from `state`; one saved before samples carried a status (layouts <= 2)
+        gets the one its finish reason meant: finished on stop or length, else deferred."""
+        sample = cls(**state)
+        if "status" not in state:
+            sample.settle()
+        return sample
+
+    def settle(self) -> None:
+        """Its status once its stream ended, from the engine's finish reason: finished on
+        stop or length, else deferred (cut by the step; its partial waits for a later one)."""
+        self.status = Status.FINISHED if self.finish_reason in ENDED else Status.DEFERRED
+
     @property
     def group_id(self) -> int:
         return self.index if self.group is None else self.group
@@ -104,7 +146,7 @@ class Sample:
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason in ("stop", "length")
+        return self.status is Status.FINISHED
 
     def mask(self) -> list[int]:
         """1 on each output token the model sampled, 0 on the environment's tokens."""
@@ -189,7 +231,10 @@ async def stream_sample(
     A sample deferred while its environment had not answered (``awaiting_env``) asks it
     first. ``go_on()``: awaited after each answer, before the next turn's request (when no
     request is in flight for an abort to reach): False ends the trajectory there as
-    ``abort`` (the step cut it); it may also wait (a trajectory parked between steps)."""
+    ``abort`` (the step cut it); it may also wait (a trajectory parked between steps).
+    The sample is running meanwhile, and at the end finished (stop or length) or deferred
+    (cut: its partial waits for a later step)."""
+    sample.status = Status.RUNNING
     while True:
         if turns is not None and sample.awaiting_env:
             if not await _answer(engine, sample, turns, on_tokens, timeline):
@@ -204,6 +249,7 @@ async def stream_sample(
         if turns is None or not _turn_ended(sample):
             break
         sample.awaiting_env = True
+    sample.settle()
     mark(timeline, "end", sample.index, reason=sample.finish_reason, tokens=len(sample.output_ids))
     return sample
 

@@ -5,7 +5,7 @@ greedy 4-step sequential and inter runs on tiny models, checkpointing at steps 2
 `resume DIR` here resumes each from its step-2 checkpoint and prints the old and resumed
 steps 3-4 (equal up to the reward engine's float noise), and loads the inter checkpoint to
 compare its deferred samples, next index, position, Δ controller and chunk tuner with what
-was saved (the saved side read in layout 1, written before 2026-11-27).
+was saved (the saved side read through `checkpoint_layouts.current`, any layout).
 
     PYTHONPATH=OLD_CHECKOUT python scripts/resume_old_checkpoint.py write DIR
     python scripts/resume_old_checkpoint.py resume DIR
@@ -53,19 +53,26 @@ def main(action, d):
         print(mode, json.dumps(res[mode]), flush=True)
         if mode == "inter":  # the deferred buffer of the old checkpoint, as the new code loads it
             from colocate.run import builder
-            sch = old_parts["rollout"]["ranks"][0]["overlap"]["scheduler"]
+            from colocate.run.checkpoint_layouts import current
+            saved = current(old_parts, 1.0)  # any layout as today's: data {ranks}, rollout {ranks}
+            data0, roll0 = saved["data"]["ranks"][0], saved["rollout"]["ranks"][0]
             run2 = d / "new_inter_load"
             shutil.rmtree(run2, ignore_errors=True); shutil.copytree(d / "old_inter", run2)
             shutil.rmtree(run2 / "checkpoints" / "step_00000004")
             sess = builder.build(cfg_for(d, mode, 4, run2), resume=run2, log=lambda m: None)
             try:
                 st = sess.data.state_dict()
-                want = [dict(x, score=x["score"]) for x in sch["deferred"]]
-                res["inter_load"] = {"deferred_equal": st["deferred"] == want, "n": len(want),
-                                     "next_index": [st["next_index"], sch["next_index"]],
-                                     "data_pos": [st["data_pos"], old_parts["rollout"]["ranks"][0]["data_pos"]],
-                                     "delta": [sess.rollouts.scheduler.delta_ctl.state_dict(), sch["delta"]],
-                                     "tuner": [sess.rollouts.tuner.state_dict(), old_parts["rollout"]["ranks"][0]["overlap"]["tuner"]]}
+                # samples saved before they carried a status (layouts <= 2) get the one their finish reason meant
+                status = [x.pop("status", None) for x in st["deferred"]]
+                meant = ["finished" if x.get("finish_reason") in ("stop", "length") else "deferred" for x in data0["deferred"]]
+                res["inter_load"] = {"deferred_equal": st["deferred"] == [{k: v for k, v in x.items() if k != "status"}
+                                                                        for x in data0["deferred"]],
+                                     "n": len(data0["deferred"]), "status": status,
+                                     "status_as_meant": status == [x.get("status", m) for x, m in zip(data0["deferred"], meant)],
+                                     "next_index": [st["next_index"], data0["next_index"]],
+                                     "data_pos": [st["data_pos"], data0["data_pos"]],
+                                     "delta": [sess.rollouts.scheduler.delta_ctl.state_dict(), roll0["scheduler"]["delta"]],
+                                     "tuner": [sess.rollouts.tuner.state_dict(), roll0["tuner"]]}
                 print("inter_load", json.dumps(res["inter_load"]), flush=True)
             finally:
                 sess.close()

@@ -83,12 +83,12 @@ class DataSource:
     def state_dict(self) -> dict[str, Any]:
         """This rank's part (the stream's base is the run's: :func:`redistribute`)."""
         return {"data_pos": self.drawn, "next_index": self.next_index, "dropped_total": self.dropped_total,
-                "deferred": [dataclasses.asdict(s) for s in self.deferred]}
+                "deferred": [s.state() for s in self.deferred]}
 
     def load_state_dict(self, base: int, state: dict[str, Any]) -> None:
         self.base, self.drawn = int(base), int(state["data_pos"])
         self.next_index, self.dropped_total = int(state["next_index"]), int(state["dropped_total"])
-        self.deferred = sorted((Sample(**d) for d in state["deferred"]), key=lambda s: s.index)
+        self.deferred = sorted((Sample.from_state(d) for d in state["deferred"]), key=lambda s: s.index)
 
 
 def union_id(local: int, rank: int, ranks: int) -> int:

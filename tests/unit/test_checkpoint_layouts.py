@@ -10,7 +10,6 @@ engine ranks (``data_source.redistribute``, ``Session.restore``)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from colocate.config import RolloutConfig, load_config
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, Status
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt
@@ -37,14 +36,14 @@ EMPTY = {"next_index": 0, "dropped_total": 0, "deferred": []}  # a data state wi
 
 def _sample(index: int, n: int = 1) -> Sample:
     return Sample(index, [1, 2], 4, output_ids=[7, 7], logprobs=[-0.5, -0.5], versions=[0, 0],
-                  finish_reason="stop", group=index // n if n > 1 else None, score=float(index),
+                  finish_reason="stop", status=Status.FINISHED, group=index // n if n > 1 else None, score=float(index),
                   record={"id": index})
 
 
 def _overlap_state(deferred, next_index, dropped=0, delta=2, **extra):
     """A layout 0/1 rank's saved rollout phase (scheduler with the deferred buffer, chunk tuner)."""
     return {"scheduler": {"next_index": next_index, "dropped_total": dropped,
-                          "deferred": [dataclasses.asdict(s) for s in deferred],
+                          "deferred": [s.state() for s in deferred],
                           "delta": {"delta": delta, "rewards": [0.1, 0.2]}},
             "tuner": TUNER, **extra}
 
@@ -113,7 +112,7 @@ def test_a_layout_1_rank_state_loads_into_the_rollout_phase():
 
 
 def test_deferred_samples_saved_without_score_and_record_take_them_from_the_old_maps():
-    plain = [{k: v for k, v in dataclasses.asdict(_sample(i)).items() if k not in ("score", "record")}
+    plain = [{k: v for k, v in _sample(i).state().items() if k not in ("score", "record")}
              for i in (3, 4)]
     overlap = {**_overlap_state([], next_index=5), "ready_scores": {"3": 0.5}, "records": {"3": {"answer": "4"}}}
     overlap["scheduler"]["deferred"] = plain
@@ -153,7 +152,7 @@ def test_redistribution_keeps_the_scaled_scores_and_the_pickers_state():
 def test_todays_layout_passes_unchanged():
     parts = {"layout": 2, "trainer": {}, "run": {"step": 1, "weight_version": 1, "kl": KL},
              "data": {"base": 3, "ranks": [{"data_pos": 1, "next_index": 2, "dropped_total": 0,
-                                             "deferred": [dataclasses.asdict(_sample(1))]}]},
+                                             "deferred": [_sample(1).state()]}]},
              "rollout": {"ranks": [{"delta": {"delta": 1, "rewards": []}, "tuner": TUNER}]}}
     kept = copy.deepcopy(parts)
     assert current(parts, 3.0) == kept and parts == kept  # scores not scaled: they are rewards already

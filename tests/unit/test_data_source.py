@@ -5,11 +5,10 @@ deferred groups anew (``redistribute``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from colocate.config import RolloutConfig
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, Status
 from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource
@@ -58,6 +57,7 @@ def test_the_deferred_buffer_round_trips_oldest_first():
     stream = DataSource(PROMPTS, LONG_TAIL, seed=3)
     first, second = itertools.islice(stream.groups(), 2)
     second[0].output_ids, second[0].finish_reason, second[0].score = [7], "stop", 0.5
+    second[0].settle()
     stream.defer(second)
     stream.defer(first, dropped=2)
     state = stream.state_dict()
@@ -71,13 +71,13 @@ def test_the_deferred_buffer_round_trips_oldest_first():
 # ---- a resume on another number of engine ranks ------------------------------------------------
 def _sample(index: int, n: int = 1) -> Sample:
     return Sample(index, [1, 2], 4, output_ids=[7, 7], logprobs=[-0.5, -0.5], versions=[0, 0],
-                  finish_reason="stop", group=index // n if n > 1 else None, score=float(index))
+                  finish_reason="stop", status=Status.FINISHED, group=index // n if n > 1 else None, score=float(index))
 
 
 def _data_state(deferred, next_index, data_pos, dropped=0):
     """A saved rank state (``DataSource.state_dict``)."""
     return {"data_pos": data_pos, "next_index": next_index, "dropped_total": dropped,
-            "deferred": [dataclasses.asdict(s) for s in deferred]}
+            "deferred": [s.state() for s in deferred]}
 
 
 def test_same_number_of_ranks_keeps_every_ranks_state():

@@ -5,7 +5,7 @@ import pytest
 
 from colocate.engine.errors import EngineConfigError
 from colocate.engine.live import Relay, check_pause_mode, frozen
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, Status
 
 
 def test_pause_mode_decisions():
@@ -25,6 +25,7 @@ def test_frozen_copy_is_the_partial_as_of_now_and_does_not_grow_with_the_stream(
     live.finish_reason = "stop"
     assert (copy.output_ids, copy.logprobs, copy.versions) == ([5, 6], [-0.1, -0.2], [0, 0])
     assert copy.finish_reason == "abort" and not copy.finished  # the scheduler defers it as a partial
+    assert copy.status is Status.DEFERRED and live.status is Status.WAITING  # the stream's own sample: not the copy
     assert (copy.index, copy.group, copy.attempts, copy.remaining) == (3, 1, 1, 8)
 
 

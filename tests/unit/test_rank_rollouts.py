@@ -13,14 +13,14 @@ import torch.multiprocessing as mp
 
 from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, Status
 from colocate.rollout.scheduler import staleness_stats
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 
 
 def _sample(index: int, n: int = 1, versions=(0, 0), cached: int = 0) -> Sample:
     return Sample(index, [1, 2], 4, output_ids=[7] * len(versions), logprobs=[-0.5] * len(versions),
-                  versions=list(versions), finish_reason="stop", group=index // n if n > 1 else None,
+                  versions=list(versions), finish_reason="stop", status=Status.FINISHED, group=index // n if n > 1 else None,
                   score=float(index), cached_tokens=cached)
 
 

@@ -60,6 +60,7 @@ def grow(sample, n, version, finish=None):
     sample.versions += [version] * n
     sample.attempts += 1
     sample.finish_reason = finish or ("length" if sample.remaining == 0 else "abort")
+    sample.settle()
 
 
 def test_reward_slope_is_least_squares():

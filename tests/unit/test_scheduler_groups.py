@@ -40,6 +40,7 @@ def finish(sample, tokens, version=0, done=True):
     sample.versions += [version] * tokens
     sample.attempts += 1
     sample.finish_reason = "stop" if done else "abort"
+    sample.settle()
     sample.score = 1.0 if done else None
 
 

@@ -76,8 +76,6 @@ def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
     """Checkpoints written before the reward included reward.scale hold unscaled deferred
     scores: scaled on load (``checkpoint_layouts.current``); newer ones (``scores_scaled``)
     load as they are."""
-    import dataclasses
-
     from colocate.config import load_config
     from colocate.rollout.data_source import DataSource
     from colocate.rollout.rollouts import Rollouts
@@ -91,7 +89,7 @@ def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
         rollouts = Rollouts(cfg, None, None, None)  # sequential: no engine needed to hold state
         # a layout 0 checkpoint: the rollout state with the deferred buffer inside its scheduler
         saved = {"scheduler": {**rollouts.scheduler.state_dict(), "next_index": 2, "dropped_total": 0,
-                               "deferred": [dataclasses.asdict(done), dataclasses.asdict(partial)]},
+                               "deferred": [done.state(), partial.state()]},
                  "tuner": rollouts.tuner.state_dict()}
         parts = checkpoint_layouts.current({"run": {"data_pos": 2}, "overlap": {**saved, **flag}}, cfg.reward.scale)
         rollouts.load_state_dict(parts["rollout"]["ranks"][0])
