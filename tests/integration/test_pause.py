@@ -11,7 +11,7 @@ from transformers.cache_utils import DynamicCache
 
 from colocate.engine import oppo, rollout
 from colocate.engine.live import LiveRequests
-from colocate.engine.rollout import Sample
+from colocate.engine.rollout import Sample, Status
 from tests.integration.test_engine_weights import buckets
 
 pytestmark = pytest.mark.slow
@@ -70,16 +70,17 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
     res = _cut(actor_engine, mode, live)
     assert [s.index for s in res.completed] == [0]
     assert actor_engine.paused == mode and len(live) == 3
+    assert res.completed[0].status is Status.FINISHED
     for s in res.unfinished:  # the scheduler's frozen copies: partials, like an abort gives
         assert s.finish_reason == "abort" and 0 < len(s.output_ids) < s.max_new_tokens
-        assert s.index in live
+        assert s.index in live and s.status is Status.DEFERRED
     sent = actor_engine.requests
     res2 = run(oppo.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
     assert actor_engine.requests == sent  # adopted: no new request, nothing re-prefilled by us
     assert actor_engine.paused is None and len(live) == 0
     assert sorted(s.index for s in res2.completed) == [1, 2, 3]
     for s in res2.completed:
-        assert s.output_ids == full[s.index].output_ids
+        assert s.output_ids == full[s.index].output_ids and s.status is Status.FINISHED
         assert len(s.logprobs) == len(s.versions) == s.max_new_tokens
 
 

@@ -1,10 +1,12 @@
 """engine/live.py without an engine: which pause modes run where, the frozen copy the
 scheduler sees, the relay of a parked stream's tokens."""
 
+import asyncio
+
 import pytest
 
 from colocate.engine.errors import EngineConfigError
-from colocate.engine.live import Relay, check_pause_mode, frozen
+from colocate.engine.live import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
 from colocate.engine.rollout import Sample, Status
 
 
@@ -36,3 +38,20 @@ def test_relay_forwards_to_its_current_target_or_to_nobody():
     relay.target = lambda sample, ids: got.append(ids)
     relay(None, [2, 3])
     assert got == [[2, 3]]
+
+
+def test_a_parked_stream_is_parked_until_a_step_adopts_it():
+    loop = asyncio.new_event_loop()
+    try:
+        going, ended = loop.create_future(), loop.create_future()
+        ended.set_result(None)
+        a = Sample(1, [1], 8, status=Status.RUNNING)
+        b = Sample(2, [1], 8, finish_reason="stop", status=Status.FINISHED)
+        live = LiveRequests()
+        live.park(LiveRequest(a, going, Relay(), "op"))
+        live.park(LiveRequest(b, ended, Relay(), "op"))
+        assert a.status is Status.PARKED and b.status is Status.FINISHED  # a stream that ended keeps its own
+        assert live.adopt(1).sample.status is Status.RUNNING and live.adopt(2).sample.status is Status.FINISHED
+        assert live.adopt(1) is None and len(live) == 0
+    finally:
+        loop.close()
