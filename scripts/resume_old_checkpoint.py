@@ -71,7 +71,7 @@ def main(action, d):
                                      "status_as_meant": status == [x.get("status", m) for x, m in zip(data0["deferred"], meant)],
                                      "next_index": [st["next_index"], data0["next_index"]],
                                      "data_pos": [st["data_pos"], data0["data_pos"]],
-                                     "delta": [sess.rollouts.scheduler.delta_ctl.state_dict(), roll0["scheduler"]["delta"]],
+                                     "delta": [sess.rollouts.scheduler.delta_ctl.state_dict(), roll0["delta"]],
                                      "tuner": [sess.rollouts.tuner.state_dict(), roll0["tuner"]]}
                 print("inter_load", json.dumps(res["inter_load"]), flush=True)
             finally:
