@@ -14,8 +14,13 @@ pytestmark = pytest.mark.slow
 
 def test_bench_quick_writes_table_json_and_plots(tmp_path):
     out = tmp_path / "bench"
+    # fixed engine threads: sequential and oppo run on one session (one engine start each for the
+    # actor and the reward model instead of one per thread budget), as the bench does for modes
+    # of equal budgets; no waiting for a quiet machine (nothing here reads the wait)
     result = CliRunner().invoke(main, ["bench", "--quick", "--no-peer", "--repeats", "1", "--steps", "1",
-                                       "--workloads", "short", "--modes", "sequential,oppo", "--out", str(out)])
+                                       "--workloads", "short", "--modes", "sequential,oppo", "--quiet-wait", "0",
+                                       "--set", "engines.actor_threads=1", "--set", "engines.reward_threads=1",
+                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = (out / "report.md").read_text()
     assert "| sequential |" in report and "| oppo |" in report and "vs sequential" in report

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.slow
 
 def test_reasoning_workload_ends_at_eos_in_every_mode(tmp_path):
     out = tmp_path / "bench"
+    # fixed engine threads: both modes on one session (two engine starts instead of four); batch 4
     result = CliRunner().invoke(main, ["bench", "--quick", "--no-peer", "--repeats", "1", "--steps", "1",
                                        "--workloads", "reasoning", "--modes", "sequential,oppo", "--quiet-wait", "0",
-                                       "--out", str(out)])
+                                       "--set", "engines.actor_threads=1", "--set", "engines.reward_threads=1",
+                                       "--set", "rollout.batch_size=4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     work = json.loads((out / "results.json").read_text())["workloads"]["reasoning"]
     assert work["models"]["actor"].endswith("small-actor-eos32")  # the EOS-prone small actor
@@ -49,8 +51,10 @@ def test_trl_peer_gets_the_reasoning_prompts_cap_and_eos_rule(tmp_path, tiny_act
 
 def test_convergence_plots_held_out_reward_against_training_seconds(tmp_path):
     out = tmp_path / "conv"
+    # batch 4, 4 held-out prompts: the curve's points, not their values, are checked
     result = CliRunner().invoke(main, ["bench", "--quick", "--convergence", "--convergence-steps", "2",
-                                       "--eval-every", "1", "--quiet-wait", "0", "--out", str(out)])
+                                       "--eval-every", "1", "--quiet-wait", "0", "--set", "rollout.batch_size=4",
+                                       "--set", "data.eval_prompts=4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())["convergence"]
     for mode in ("sequential", "oppo"):
