@@ -3,10 +3,10 @@
 Owns: preparing the process so SGLang's CPU engine path works (``SGLANG_USE_CPU_ENGINE``
 and, when the real ``sgl_kernel`` is absent, our two-op stand-in on the import path of
 this process and of the scheduler children it spawns), the model classes those children
-register at start (``SGLANG_EXTERNAL_MODEL_PACKAGE``, ``engine/sglang_models``), what an engine's spawned processes
-read from the environment as they start (torch threads, whether their progress bars
-show: :func:`shows_progress` of the engine's ``log_level``), and importing the SGLang
-names colocate uses. Everything else in ``engine/`` goes through :func:`load`.
+register at start (``SGLANG_EXTERNAL_MODEL_PACKAGE``, ``engine/sglang_models``), what an
+engine's spawned processes read from the environment as they start (torch threads, whether
+their progress bars show: :func:`shows_progress` of the engine's ``log_level``), and
+importing the SGLang names colocate uses. Everything else in ``engine/`` goes through :func:`load`.
 
 Leaves out: engine lifetime and requests (``engine.runtime``), rollout and scoring logic.
 SGLang reads its CPU switch from the environment at import time, so these two variables

@@ -80,9 +80,10 @@ def packed_policy_forward(
 
     The LM head runs only at the positions that predict response tokens.
     """
-    packed = pack(batch, share=shared_prefix).for_attention(attention_of(model))
+    attention = attention_of(model)
+    packed = pack(batch, share=shared_prefix).for_attention(attention)
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                  **packed.attention_kwargs(attention_of(model)))
+                  **packed.attention_kwargs(attention))
     if _takes_logits_to_keep(model):
         logits = model(**inputs, logits_to_keep=packed.keep).logits[0]  # [n, V]
     else:
@@ -101,9 +102,10 @@ def packed_policy_forward(
 def packed_value_forward(critic: nn.Module, batch: TrainBatch, shared_prefix: bool = False) -> torch.Tensor:
     """`value_forward` over one packed row: values [b, T] (0 on padding). `shared_prefix`:
     rows sharing a prompt carry it once (`pack`)."""
-    packed = pack(batch, share=shared_prefix).for_attention(attention_of(critic))
+    attention = attention_of(critic)
+    packed = pack(batch, share=shared_prefix).for_attention(attention)
     values = critic(packed.input_ids, position_ids=packed.position_ids,
-                    **packed.attention_kwargs(attention_of(critic)))  # [1, N]
+                    **packed.attention_kwargs(attention))  # [1, N]
     return unpack(values[0, packed.keep], packed)  # [b, T]
 
 

@@ -70,9 +70,10 @@ class PackedRows:
     def padded(self, multiple: int) -> PackedRows:
         """The row with pad tokens appended up to a multiple of `multiple` tokens, in a
         segment of their own (no real token sees them; `keep` unchanged). Flex attention runs
-        whole 128-token blocks: torch 2.11's inductor found no kernel for a row shorter than
-        one on an H100, and a row that ends inside a block can give NaN gradients when a
-        score_mod is passed beside the BlockMask, as transformers does (pytorch#153799)."""
+        whole 128-token blocks: torch 2.11's inductor found no kernel for an 85-token row
+        (scripts/gpu_flex_probe.py on an H200; 256 and 1,025 tokens compiled). Whole blocks
+        also keep clear of pytorch#153799 (NaN gradients for a row ending inside a block
+        with a score_mod beside the BlockMask, as transformers passes; not seen here)."""
         extra = -self.tokens % multiple
         if not extra:
             return self

@@ -4,14 +4,14 @@ Owns: :class:`DataSource`: the tokenized training prompts and the held-out ones,
 rank's position in its stream of prompts (groups drawn) and where the engine ranks'
 streams start (:meth:`DataSource.position`: :func:`union_id` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
-budget, the names of new samples (unique, increasing indices; ``engine.rollout.sample_index``), the deferred
-samples (partial, or finished and waiting for their group or the next step; the scheduler
-is handed them each step and hands back what it defers), and its own state:
-:meth:`DataSource.state_dict` and :func:`redistribute` (a resume on another number of
-engine ranks).
+budget, the names of new samples (unique, increasing indices;
+``engine.rollout.sample_index``), the deferred samples (partial, or finished and waiting
+for their group or the next step; the scheduler is handed them each step and hands back
+what it defers), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
+(a resume on another number of engine ranks).
 
-Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring them
-(``colocate.rollout.rollouts``), how older checkpoints stored this state
+Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring
+them (``colocate.rollout.rollouts``), how older checkpoints stored this state
 (``colocate.run.checkpoint_layouts``).
 """
 

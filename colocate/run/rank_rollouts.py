@@ -20,10 +20,10 @@ import dataclasses
 from typing import Callable, Sequence
 
 from colocate.engine.rollout import group_member, sample_index
-from colocate.rollout.scheduler import staleness_stats
-from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
 from colocate.rollout.data_source import union_id
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
+from colocate.rollout.scheduler import staleness_stats
+from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
 PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",

@@ -1,5 +1,5 @@
 """The model classes a scheduler registers at start (see the package doc)."""
 
-from colocate.engine.sglang_api import model_classes
+from ..sglang_api import model_classes
 
 EntryClass = model_classes()  # SGLang's registry reads this name
