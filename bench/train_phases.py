@@ -65,6 +65,7 @@ class Options:
     out: str | None = None
     lengths: str = "even"  # response lengths: "even" over [R / 2, R], or "lognormal" (median R / 4, sigma 1, cap R)
     compare: bool = False  # padded vs packed trainer vs a plain-PyTorch loop, step by step in turn
+    old_logp_pass: bool = False  # every row's old log-probs in the no-grad pass (as before `first_forward`)
 
 
 def response_lengths(rows: int, response_tokens: int, kind: str, g: torch.Generator) -> list[int]:
@@ -122,20 +123,24 @@ def _memory(device: torch.device) -> dict[str, float]:
             "device_free_gib": free / GIB, "device_total_gib": total / GIB}
 
 
-def one_step(trainer, batch, kl_coef: float, device: torch.device) -> dict[str, Any]:
+def one_step(trainer, batch, kl_coef: float, device: torch.device, old_logp_pass: bool = False) -> dict[str, Any]:
     """The trainer phases of one loop step, timed; on CUDA with the memory around offload.
-    A critic-free estimator (``ppo.advantage``): no values and no critic phase (0 s)."""
+    A critic-free estimator (``ppo.advantage``): no values and no critic phase (0 s). As in
+    the loop, the actor's first minibatch takes its old log-probs from its own forward where
+    the settings allow (`old_logp_from_first_forward`), unless `old_logp_pass`."""
     clock = _Clock(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     critic_free = trainer.critic is None
     clock("onload", trainer.onload)
     ref = clock("ref", lambda: trainer.ref_logprobs(batch))
-    old = clock("old_logp", lambda: trainer.old_logprobs(batch, current_version=0))
+    first = trainer.settings.old_logp_from_first_forward and not old_logp_pass
+    old = clock("old_logp", lambda: trainer.old_logprobs(batch, current_version=0, leave_first=first))
     values = clock("values", lambda: None if critic_free else trainer.values(batch))
     adv, returns, _, _ = clock("advantages", lambda: trainer.advantages(batch, old, ref, values, kl_coef))
     critic = clock("critic", lambda: {} if critic_free else trainer.train_critic(batch, values, returns))
-    actor = clock("actor", lambda: trainer.train_actor(batch, old, adv, 0, ref_logp=ref, kl_coef=kl_coef))
+    actor = clock("actor", lambda: trainer.train_actor(batch, old, adv, 0, ref_logp=ref, kl_coef=kl_coef,
+                                                        fill_first=first))
     full = clock("sync_gather", trainer.actor_state_for_sync)
     before = _memory(device)
     peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
@@ -189,7 +194,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         if plain is not None:
             rec = compare_step(trainer, plain, batch, cfg.ppo.kl_coef, dist.device)
         else:
-            rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device)
+            rec = one_step(trainer, batch, cfg.ppo.kl_coef, dist.device, opts.old_logp_pass)
         rec["warmup"] = i < opts.warmup
         rec["tokens_computed"], rec["tokens_samples"] = trainer.pass_tokens(batch)  # one pass's tokens
         steps.append(rec)
@@ -214,6 +219,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "lora": dataclasses.asdict(cfg.lora), "gradient_checkpointing": cfg.ppo.gradient_checkpointing,
         "attention": trainer.settings.attn_implementation, "shared_prefix": trainer.settings.shares_prefix,
+        "old_logp_from_first_forward": trainer.settings.old_logp_from_first_forward and not opts.old_logp_pass,
     }
 
 
@@ -243,7 +249,8 @@ def markdown(result: dict[str, Any]) -> str:
               "", f"attention {result['attention']}, shared prefix {'on' if result['shared_prefix'] else 'off'}: "
               f"{sum(s['tokens_computed'] for s in result['steps']) / len(result['steps']):.0f} tokens per pass "
               f"computed for {sum(s['tokens_samples'] for s in result['steps']) / len(result['steps']):.0f} "
-              f"sample tokens (mean over steps)"]
+              f"sample tokens (mean over steps); the actor's first minibatch's old log-probs "
+              + ("from its own forward" if result.get("old_logp_from_first_forward") else "in the no-grad pass")]
     last = result["steps"][-1]
     before, after = last["memory_before_offload"], last["memory_after_offload"]
     if before:
@@ -289,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="response lengths: even over [R/2, R], or lognormal (median R/4, sigma 1) capped at R")
     ap.add_argument("--compare", action="store_true",
                     help="padded vs packed trainer vs a plain-PyTorch loop on the same batches, in turn")
+    ap.add_argument("--old-logp-pass", action="store_true",
+                    help="every row's old log-probs in the no-grad pass, none from the actor's first forward")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here; use --device cpu")
@@ -296,7 +305,8 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(a, field) < 1:
             ap.error(f"--{field.replace('_', '-')} must be at least 1")
     opts = Options(a.device, a.shape, a.model, a.dtype, a.batch, a.prompt_tokens, a.response_tokens, a.steps,
-                   a.warmup, a.seed, a.host_offload, tuple(a.sets), a.out, a.lengths, a.compare)
+                   a.warmup, a.seed, a.host_offload, tuple(a.sets), a.out, a.lengths, a.compare,
+                   a.old_logp_pass)
     result = measure(opts)
     import torch.distributed as tdist
 

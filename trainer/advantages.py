@@ -1,7 +1,7 @@
 """The per-token tensors a PPO step trains on, from its batch and its no-grad passes (pure functions).
 
-Owns: the advantage phase (:func:`advantages`: the KL to the reference, the token rewards,
-advantages and returns by GAE or a critic-free group estimator); the per-token inputs of
+Owns: the advantage phase (:func:`advantages`: the KL to the reference (:func:`token_kl`),
+the token rewards, advantages and returns by GAE or a critic-free group estimator); the per-token inputs of
 the actor's update (:func:`actor_inputs`: old log-probs, advantages, the loss mask with
 stale tokens left out, the importance weights, the reference log-probs of a KL loss term)
 and of the critic's (:func:`critic_inputs`: old values, returns); :func:`model_tokens`,
@@ -43,11 +43,7 @@ def advantages(
     `values` unused; returns = that return on every model token.
     """
     loss_mask = batch.loss_mask
-    if ref_logp is None:
-        kl = torch.zeros_like(old_logp)  # [B, T]: no reference, no KL term (settings.reference)
-    else:
-        kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
-        kl = torch.where(loss_mask, kl, torch.zeros_like(kl))
+    kl = token_kl(s, batch, old_logp, ref_logp)  # [B, T]
     rewards = ppo_math.token_rewards(batch.scores, kl, loss_mask,
                                      kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
     if s.critic_free:
@@ -60,6 +56,16 @@ def advantages(
     if s.whiten_advantages:
         adv = ppo_math.masked_whiten(adv, loss_mask)
     return adv, returns, rewards, kl
+
+
+@torch.no_grad()
+def token_kl(s: TrainerSettings, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None) -> torch.Tensor:
+    """The KL estimate (`kl_estimator`) of the old policy to the reference per model token -> [B, T],
+    0 elsewhere, all 0 without a reference (`ref_logp` None: settings.reference off)."""
+    if ref_logp is None:
+        return torch.zeros_like(old_logp)
+    kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
+    return torch.where(batch.loss_mask, kl, torch.zeros_like(kl))
 
 
 def actor_inputs(

@@ -2,7 +2,8 @@
 
 Owns: `HostStash`, which offloads parameters of FSDP2 modules and optimizer state into
 page-locked (pinned) host buffers that are allocated at the first offload and reused at
-every later one, and brings them back. A fresh pageable host allocation per offload
+every later one, and brings them back; `move_plainly` (``host_offload="pageable"``). A fresh
+pageable host allocation per offload
 (what ``module.to("cpu")`` does) pays first-touch page faults on every step: measured on
 an H100 host, 41 GiB of actor + critic + reference + AdamW state of a 1.5B-parameter
 model took 33 s to offload and 10 s to bring back that way.
@@ -27,6 +28,8 @@ from typing import Iterable
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from .optim import move_optimizer_state
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -85,3 +88,14 @@ class HostStash:
                     if isinstance(value, torch.Tensor) and key != "step":
                         state[key] = value.to(device, non_blocking=True)
         torch.cuda.synchronize(device)
+
+
+def move_plainly(modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer],
+                 target: torch.device | str, device: torch.device) -> None:
+    """``host_offload="pageable"``: ``module.to(target)`` and the optimizer states moved
+    likewise (fresh allocations every time), then `device` synchronised."""
+    for module in modules:
+        module.to(target)
+    for optimizer in optimizers:
+        move_optimizer_state(optimizer, target)
+    torch.cuda.synchronize(device)

@@ -13,20 +13,13 @@ inputs (`trainer/advantages.py`), the KL coefficient schedule (`trainer/kl_contr
 pass its value to `advantages`), writing checkpoints to disk and the step loop (`colocate/`).
 
 Ranks: every rank holds the same full `TrainBatch` (rank 0 broadcasts it). Which rows a
-rank runs, in which micro-batches, is a plan (`trainer/packing.py`): packed, rows are
-balanced over ranks by tokens and packed into padding-free rows of at most
-`micro_batch_tokens` tokens (with `shares_prefix`, rows of a group sharing a prompt as
-one unit: the prompt once plus the responses, or parts of it each with the prompt, see
-`trainer/packed.py`); padded, a contiguous share in chunks of `micro_batch` rows.
-Every rank runs the same number of micro-batches (idle ones where it has fewer), so
-FSDP's collectives line up. No-grad phases sum every rank's rows (0 elsewhere) over
-ranks. In training, every minibatch (same shuffled indices on all ranks) is planned the
-same way; each rank's loss is its share of the minibatch loss: local sum / minibatch
-denominator (valid tokens for token-mean, non-empty rows for seq-mean modes, counted over
-the whole minibatch, which every rank can see), times world size because FSDP averages
-gradients over ranks. So 1 rank and N ranks, packed or padded, and any micro-batching
-minimise the same loss. Models stay in eval mode: dropout would make the first-epoch
-ratio differ from 1.
+rank runs, in which micro-batches, is a plan (`trainer/packing.py`; with `shares_prefix` a
+group's rows as one unit, `trainer/packed.py`); every rank runs the same number of
+micro-batches (idle ones where it has fewer), so FSDP's collectives line up. No-grad phases
+sum every rank's rows (0 elsewhere) over ranks. Each rank's loss is its share of the
+minibatch loss (`trainer/update.py`), so 1 rank and N ranks, packed or padded, and any
+micro-batching minimise the same loss. Models stay in eval mode: dropout would make the
+first-epoch ratio differ from 1.
 
 Masks: `TrainBatch.response_mask` says which positions exist (forwards, packing, values);
 `TrainBatch.loss_mask` (response_mask minus a multi-turn trajectory's environment tokens)
@@ -34,9 +27,9 @@ says which tokens are trained: the KL, the rewards, the advantages (GAE passes t
 environment tokens), the losses, their token counts and the staleness correction.
 
 Old log-probs: `old_logp="rollout"` takes the engine's sampling log-probs where they are
-exact and recomputes only rows with older tokens (`trainer/rollout_logp.py`). The
-engine-vs-trainer drift on on-policy tokens is measured in `train_actor`'s first
-minibatch (weights still the sampling weights) in both modes.
+exact and recomputes only rows with older tokens (`trainer/rollout_logp.py`); where nothing
+reads them before the update, the first minibatch's come from its own forward
+(`trainer/first_forward.py`). The engine-vs-trainer drift is measured on the first minibatch.
 """
 
 from __future__ import annotations
@@ -54,14 +47,16 @@ from .batch import TrainBatch
 from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, first_pass, full_state_dict,
                           full_state_everywhere, full_tensors, init_distributed, local_bytes, shard_model)
-from .lora import BASE_WEIGHT, adapted_weight, add_lora, is_lora, merged_weights
+from .lora import adapted_weight, add_lora, is_lora, merged_weights
+from .first_forward import FirstForward
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
-from .offload import HostStash
-from .optim import build_adamw, full_training_state, load_training_state, move_optimizer_state
+from .offload import HostStash, move_plainly
+from .optim import build_adamw, full_training_state, load_training_state
 from .packed import shared_plan_units, trainer_tokens
 from .packing import Plan, packed_micro_batches, row_micro_batches, unit_micro_batches
 from .rollout_logp import drift_terms, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
+from .state_size import saved_shapes, state_mib, sync_numels
 from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
 from .update import LossFn, Update, optimise
 
@@ -133,28 +128,32 @@ class PPOTrainer:
             return None
         if self.ref is None:
             with self.actor.disable_adapter():
-                return self._rows_no_grad(lambda mb: self._policy(self.actor, mb, self.settings.temperature)[0], batch)
+                return self._rows_no_grad(self._actor_logp, batch)
         return self._rows_no_grad(lambda mb: self._policy(self.ref, mb, self.settings.temperature)[0], batch)
 
-    def old_logprobs(self, batch: TrainBatch, current_version: int | None = None) -> torch.Tensor:
+    def old_logprobs(self, batch: TrainBatch, current_version: int | None = None,
+                     leave_first: bool = False) -> torch.Tensor:
         """Log-probs of the response tokens under the current actor -> [B, T] (0 on padding).
 
         With ``old_logp="rollout"`` and `current_version` given: the rollout's behaviour
         log-probs, recomputed only on rows holding model tokens of another weight version
         (no forward at all when there are none), 0 on environment tokens (they have no
-        behaviour log-prob nor a version of their own). Otherwise a no-grad actor pass.
+        behaviour log-prob nor a version of their own). Otherwise a no-grad actor pass;
+        with `leave_first` (`settings.old_logp_from_first_forward`) over all rows but those
+        of the next `train_actor`'s first minibatch, left 0 for its `fill_first`.
         """
-        def actor_logp(mb: TrainBatch) -> torch.Tensor:
-            return self._policy(self.actor, mb, self.settings.temperature)[0]
-
+        if leave_first:
+            rest = torch.ones(batch.size, dtype=torch.bool)
+            rest[self._first_minibatch(batch, "old_logprobs(leave_first)")] = False
+            return self._rows_no_grad(self._actor_logp, batch, only=rest)
         if self.settings.old_logp != "rollout" or current_version is None:
-            return self._rows_no_grad(actor_logp, batch)
+            return self._rows_no_grad(self._actor_logp, batch)
         stale = stale_rows(batch.versions, batch.loss_mask, current_version)  # [B]
-        recomputed = torch.zeros_like(batch.behaviour_logp)  # [B, T]
-        if bool(stale.any()):
-            idx = stale.nonzero()[:, 0]
-            recomputed[idx] = self._rows_no_grad(actor_logp, batch.select(idx))
+        recomputed = self._rows_no_grad(self._actor_logp, batch, only=stale)  # [B, T]
         return rollout_old_logp(batch.behaviour_logp, recomputed, stale, batch.loss_mask)
+
+    def _actor_logp(self, mb: TrainBatch) -> torch.Tensor:
+        return self._policy(self.actor, mb, self.settings.temperature)[0]
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """Critic values of the states emitting each response token -> [B, T] (0 on padding)."""
@@ -162,7 +161,16 @@ class PPOTrainer:
             raise TrainerConfigError(f"values: ppo.advantage={self.settings.advantage} trains no critic")
         return self._rows_no_grad(lambda mb: self._value(self.critic, mb), batch)
 
-    def _rows_no_grad(self, fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch) -> torch.Tensor:
+    def _rows_no_grad(self, fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch,
+                      only: torch.Tensor | None = None) -> torch.Tensor:
+        """fn over every row of `batch`, or over the rows where `only` [B] is True (0 on the
+        others; no forward at all when there are none) -> [B, T] float32. Collective."""
+        if only is not None:
+            out = torch.zeros(batch.responses.shape, dtype=torch.float32, device=batch.responses.device)
+            if bool(only.any()):
+                idx = only.nonzero()[:, 0]
+                out[idx] = self._rows_no_grad(fn, batch.select(idx))
+            return out
         out = evaluate_plan(fn, batch, self._plan(batch), self.dist.device)  # [B, T], 0 on other ranks' rows
         return all_reduce_sum(out, self.dist).to(batch.responses.device)  # [B, T]
 
@@ -215,7 +223,7 @@ class PPOTrainer:
 
     def train_actor(
         self, batch: TrainBatch, old_logp: torch.Tensor, advantages: torch.Tensor, current_version: int,
-        ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+        ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0, fill_first: bool = False,
     ) -> dict[str, float]:
         """Clipped policy loss, epochs x minibatches, with staleness correction; with
         ``kl_in="loss"`` plus kl_coef x k3 KL to the reference (`ref_logp`) per token,
@@ -228,15 +236,20 @@ class PPOTrainer:
         min(pi_old / pi_behaviour, is_cap). Returns {policy_loss, clip_frac, approx_kl,
         entropy, grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max
         (|engine - trainer| log-prob on the first minibatch's tokens of `current_version`).
+        `fill_first` (after ``old_logprobs(leave_first=True)``): the first minibatch's old
+        log-probs are its forward's, detached, and are written into `old_logp`.
         """
         s = self.settings
         extra = actor_inputs(s, batch, old_logp, advantages, current_version, ref_logp)  # on model tokens only
+        recompute = functools.partial(self._rows_no_grad, self._actor_logp, batch)  # rows no forward filled
+        fill = None if not fill_first else FirstForward(self._first_minibatch(batch, "train_actor(fill_first)"),
+                                                        old_logp, extra, batch.loss_mask, self.dist, recompute, s.is_cap)
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
-            loss, stats = ppo_math.policy_loss(
-                logp, t["old_logp"], t["advantages"], t["loss_mask"], s.clip_eps, s.loss_agg, t.get("is_weights")
-            )
+            old, weights = (t["old_logp"], t.get("is_weights")) if fill is None else fill.old(logp, t, mb.loss_mask)
+            loss, stats = ppo_math.policy_loss(logp, old, t["advantages"], t["loss_mask"], s.clip_eps, s.loss_agg,
+                                               weights)
             stats["entropy"] = ppo_math.masked_mean(entropy, t["loss_mask"])
             if "ref_logp" in t:  # KL to the reference as a loss term (k3)
                 kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), t["loss_mask"], s.loss_agg)
@@ -246,17 +259,30 @@ class PPOTrainer:
                 stats["drift"] = drift_terms(logp, t["behaviour_logp"], t["on_policy"])
             return loss, stats
 
-        return self._optimise("actor", self.actor, self.actor_optim, batch, extra, loss_fn)
+        return self._optimise("actor", self.actor, self.actor_optim, batch, extra, loss_fn,
+                              None if fill is None else fill.publish)
 
-    def _optimise(
-        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
-        extra: dict[str, torch.Tensor], loss_fn: LossFn,
-    ) -> dict[str, float]:
-        """epochs x minibatches guarded optimizer steps (`trainer/update.py`); stats averaged over the steps taken."""
+    def _minibatch_order(self, name: str, batch: TrainBatch) -> torch.Generator:
+        """The generator that shuffles the next `train_<name>`'s minibatches of `batch` (seeded by the calls so far)."""
         s = self.settings
         if batch.size % s.minibatches:
             raise TrainerConfigError(f"batch of {batch.size} rows does not split into ppo minibatches={s.minibatches}")
-        generator = torch.Generator().manual_seed(s.seed * 1_000_003 + 2 * self.updates[name] + (name == "critic"))
+        return torch.Generator().manual_seed(s.seed * 1_000_003 + 2 * self.updates[name] + (name == "critic"))
+
+    def _first_minibatch(self, batch: TrainBatch, where: str) -> torch.Tensor:
+        """Rows of the next `train_actor`'s first minibatch, for `where` (leaving their old log-probs to it)."""
+        if not self.settings.old_logp_from_first_forward:
+            raise TrainerConfigError(f"{where}: old log-probs are read before the update here (ppo.old_logp=rollout "
+                                     "or ppo.kl_in=reward): compute every row's")
+        return batch.minibatches(self.settings.minibatches, self._minibatch_order("actor", batch))[0]
+
+    def _optimise(
+        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
+        extra: dict[str, torch.Tensor], loss_fn: LossFn, after_first: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """epochs x minibatches guarded optimizer steps (`trainer/update.py`); stats averaged over the steps taken."""
+        s = self.settings
+        generator = self._minibatch_order(name, batch)
         self.updates[name] += 1
         u = Update(model, optimizer, self.dist, self._plan, s.epochs, s.minibatches, s.loss_agg, s.max_grad_norm,
                    s.value_coef if model is self.critic else 1.0)
@@ -265,7 +291,8 @@ class PPOTrainer:
         training = s.gradient_checkpointing or (s.lora.dropout > 0 and is_lora(model))
         model.train(training)
         try:
-            return optimise(u, batch, extra, loss_fn, generator, "policy_loss" if name == "actor" else "value_loss")
+            return optimise(u, batch, extra, loss_fn, generator, "policy_loss" if name == "actor" else "value_loss",
+                            after_first)
         finally:
             model.eval()
 
@@ -326,7 +353,7 @@ class PPOTrainer:
         if self.settings.host_offload == "pinned":
             self.stash.offload(models, self._optimizers())
         else:
-            self._move_plainly("cpu", models)
+            move_plainly(models, self._optimizers(), "cpu", self.dist.device)
         torch.cuda.empty_cache()
         return True
 
@@ -337,46 +364,24 @@ class PPOTrainer:
         if self.settings.host_offload == "pinned":
             self.stash.onload(self._models(), self._optimizers(), self.dist.device)
         else:
-            self._move_plainly(self.dist.device)
+            move_plainly(self._models(), self._optimizers(), self.dist.device, self.dist.device)
         return True
 
     def state_mb(self) -> float:
-        """MiB of training state this rank holds: every model's parameters and gradients
-        (local shards) and the optimizers' moments. Bookkeeping, no collective; unlike the
+        """MiB of training state this rank holds (`trainer/state_size.state_mib`); unlike the
         process RSS it does not carry memory an earlier run in the same process freed."""
-        total = 0
-        for model in self._models():
-            for p in model.parameters():
-                total += local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0)
-        for optim in self._optimizers():
-            for state in optim.state.values():
-                total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
-        return total / 2**20
+        return state_mib(self._models(), self._optimizers())
 
     def sync_numel(self, adapted_only: bool = True) -> int:
         """Elements a weight sync pushes (`actor_tensors`): the whole actor state, or under
-        LoRA with ``adapted_only`` the adapted linears' weights only. Bookkeeping from global
-        shapes, no collective; counted once (the loop asks every step)."""
+        LoRA with ``adapted_only`` the adapted weights only; counted once (the loop asks every step)."""
         if self._sync_numel is None:
-            state = self.actor.state_dict()
-            lora = self.settings.lora.on_actor
-            adapted = sum(t.numel() for name, t in state.items() if name.endswith(BASE_WEIGHT))
-            whole = sum(t.numel() for name, t in state.items() if not (lora and adapted_weight(name))) + adapted
-            self._sync_numel = (adapted if lora else whole, whole)
+            self._sync_numel = sync_numels(self.actor, self.settings.lora.on_actor)
         return self._sync_numel[0 if adapted_only else 1]
 
     def saved_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
-        """Name → global shape of the tensors `state_dict` saves, per model ("actor",
-        "critic"): every parameter and buffer, or under LoRA the trainable ones only."""
-        out = {}
-        for part, model in (("actor", self.actor), ("critic", self.critic)):
-            if model is None:
-                continue
-            if any(not p.requires_grad for p in model.parameters()):
-                out[part] = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
-            else:
-                out[part] = {n: tuple(t.shape) for n, t in model.state_dict().items() if hasattr(t, "shape")}
-        return out
+        """Name -> global shape of the tensors `state_dict` saves, per model (`trainer/state_size.py`)."""
+        return saved_shapes({"actor": self.actor, "critic": self.critic})
 
     def _models(self) -> tuple[nn.Module, ...]:
         return tuple(m for m in (self.actor, self.ref, self.critic) if m is not None)
@@ -384,12 +389,6 @@ class PPOTrainer:
     def _optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
         return tuple(o for o in (self.actor_optim, self.critic_optim) if o is not None)
 
-    def _move_plainly(self, device: torch.device | str, models: tuple[nn.Module, ...] | None = None) -> None:
-        for model in self._models() if models is None else models:
-            model.to(device)
-        for optimizer in self._optimizers():
-            move_optimizer_state(optimizer, device)
-        torch.cuda.synchronize(self.dist.device)
 
 
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:

@@ -162,6 +162,16 @@ class TrainerSettings:
         return self.packing and self.shared_prefix and self.attn_implementation != "flash_attention_2"
 
     @property
+    def old_logp_from_first_forward(self) -> bool:
+        """Whether the actor's first minibatch may take its old log-probs from its own first
+        forward instead of a no-grad pass: its weights are still the pass's, so the pass
+        would compute the same numbers (TRL's and verl's on-policy shortcut, for the first
+        of any number of minibatches). Only where nothing reads them before the update:
+        recomputed old log-probs and no KL in the reward (truncated-IS weights of those
+        rows are taken from the same forward)."""
+        return self.old_logp == "recompute" and not (self.reference and self.kl_in == "reward")
+
+    @property
     def token_budget(self) -> int:
         """Tokens per packed micro-batch: `micro_batch_tokens`, or with 0 (auto) 8192 on CUDA
         and 1024 on the CPU. On our CPU (SmolLM2 shape, 2 threads, fwd + bwd of packed

@@ -36,7 +36,10 @@ from .rollout_logp import drift_stats
 # a "drift" stat ([3] terms of `rollout_logp.drift_terms`) is summed/maxed instead of averaged
 LossFn = Callable[[TrainBatch, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 PlanFn = Callable[[TrainBatch], Plan]
-PROBE_KEYS = ("behaviour_logp", "on_policy")  # extra tensors of the drift probe (first minibatch only)
+# extra tensors for the first minibatch only (its forward still runs the weights the rollout
+# sampled with and the no-grad passes ran): the drift probe's, and the rows whose old
+# log-probs that forward gives (`PPOTrainer.train_actor`'s fill_first)
+FIRST_ONLY = ("behaviour_logp", "on_policy", "fresh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +59,14 @@ class Update:
 
 def optimise(
     u: Update, batch: TrainBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn, generator: torch.Generator,
-    loss_key: str,
+    loss_key: str, after_first: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """epochs x minibatches guarded optimizer steps; stats averaged over the steps taken.
 
-    The drift probe's tensors (`PROBE_KEYS`) go to the first minibatch only: its forward
-    is the one that still runs the weights the rollout sampled with.
+    The `FIRST_ONLY` tensors go to the first minibatch only: its forward is the one that
+    still runs the weights the rollout sampled with. `after_first` runs once that
+    minibatch's step is taken (on every rank: it may be collective), before any other
+    minibatch reads `extra`.
     """
     totals: dict[str, float] = defaultdict(float)
     counts = {"steps": 0, "skipped_steps": 0, "empty_steps": 0}
@@ -69,8 +74,10 @@ def optimise(
     for epoch in range(u.epochs):
         for i, idx in enumerate(batch.minibatches(u.minibatches, generator)):
             first = epoch == 0 and i == 0
-            rows = {k: v[idx] for k, v in extra.items() if first or k not in PROBE_KEYS}
+            rows = {k: v[idx] for k, v in extra.items() if first or k not in FIRST_ONLY}
             step = minibatch_step(u, batch.select(idx), rows, loss_fn)
+            if first and after_first is not None:
+                after_first()
             outcome = step.pop("outcome")
             probe |= step.pop("probe", {})
             counts[outcome] += 1

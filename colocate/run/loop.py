@@ -26,6 +26,7 @@ from colocate.run.guards import check_weight_versions
 from colocate.monitor.metrics import PhaseTimer
 from colocate.rollout.rollout_phase import StepRollout, sampling_params
 from colocate.run.session import Session
+from colocate.trainer.advantages import token_kl
 from colocate.trainer.batch import make_batch
 from colocate.trainer.distributed import all_gather_object, lost_peer
 from colocate.monitor.wandb_log import WandbRun
@@ -79,14 +80,17 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
         with timer("ref"):
             ref_logp = s.trainer.ref_logprobs(batch)
     s.fault("logprobs", s.state.step + 1)
+    # where nothing reads them before the update, the actor's first minibatch takes its old
+    # log-probs from its own forward (the same weights): this pass skips its rows
+    first_forward = s.trainer.settings.old_logp_from_first_forward
     with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
-        old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version)
+        old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version, leave_first=first_forward)
     values = None
     if critic:
         with timer("values"):
             values = s.trainer.values(batch)
     with timer("advantages"):
-        adv, returns, _, kl = s.trainer.advantages(batch, old_logp, ref_logp, values, s.state.kl_ctl.value)
+        adv, returns, _, _ = s.trainer.advantages(batch, old_logp, ref_logp, values, s.state.kl_ctl.value)
     critic_stats = {}
     if critic:
         with timer("critic"):
@@ -94,9 +98,10 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     s.fault("update", s.state.step + 1)
     with timer("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
-                                            ref_logp=ref_logp, kl_coef=s.state.kl_ctl.value)
+                                            ref_logp=ref_logp, kl_coef=s.state.kl_ctl.value, fill_first=first_forward)
     mean_kl = None
-    if ref_logp is not None:
+    if ref_logp is not None:  # of the old policy to the reference (every row's old log-probs are in now)
+        kl = token_kl(s.trainer.settings, batch, old_logp, ref_logp)  # [B, T], 0 off model tokens
         mean_kl = float((kl * batch.loss_mask.float()).sum(-1).mean())
         s.state.kl_ctl.update(mean_kl, len(scores))
     if s.rollouts is not None:
