@@ -1,8 +1,8 @@
 """The per-token tensors a PPO step trains on, from its batch and its no-grad passes (pure functions).
 
 Owns: the advantage phase (:func:`advantages`: the KL to the reference (:func:`token_kl`),
-the token rewards, advantages and returns by GAE or a critic-free group estimator); the per-token inputs of
-the actor's update (:func:`actor_inputs`: old log-probs, advantages, the loss mask with
+the token rewards, advantages and returns by GAE or a critic-free group estimator); the
+per-token inputs of the actor's update (:func:`actor_inputs`: old log-probs, advantages, the loss mask with
 stale tokens left out, the importance weights, the reference log-probs of a KL loss term)
 and of the critic's (:func:`critic_inputs`: old values, returns); :func:`model_tokens`,
 which zeroes a [B, T] tensor outside the trained tokens. Every
@@ -59,9 +59,11 @@ def advantages(
 
 
 @torch.no_grad()
-def token_kl(s: TrainerSettings, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None) -> torch.Tensor:
-    """The KL estimate (`kl_estimator`) of the old policy to the reference per model token -> [B, T],
-    0 elsewhere, all 0 without a reference (`ref_logp` None: settings.reference off)."""
+def token_kl(
+    s: TrainerSettings, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+) -> torch.Tensor:
+    """The KL estimate (`kl_estimator`) of the old policy to the reference per model token
+    -> [B, T], 0 elsewhere, all 0 without a reference (`ref_logp` None: settings.reference off)."""
     if ref_logp is None:
         return torch.zeros_like(old_logp)
     kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]

@@ -46,7 +46,7 @@ from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, first_pass, full_state_dict,
-                          full_state_everywhere, full_tensors, init_distributed, local_bytes, shard_model)
+                          full_state_everywhere, full_tensors, init_distributed, shard_model)
 from .lora import adapted_weight, add_lora, is_lora, merged_weights
 from .first_forward import FirstForward
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
@@ -236,14 +236,15 @@ class PPOTrainer:
         min(pi_old / pi_behaviour, is_cap). Returns {policy_loss, clip_frac, approx_kl,
         entropy, grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max
         (|engine - trainer| log-prob on the first minibatch's tokens of `current_version`).
-        `fill_first` (after ``old_logprobs(leave_first=True)``): the first minibatch's old
-        log-probs are its forward's, detached, and are written into `old_logp`.
+        `fill_first` (after ``old_logprobs(leave_first=True)``): fills `old_logp`'s first minibatch from its forward.
         """
         s = self.settings
         extra = actor_inputs(s, batch, old_logp, advantages, current_version, ref_logp)  # on model tokens only
-        recompute = functools.partial(self._rows_no_grad, self._actor_logp, batch)  # rows no forward filled
-        fill = None if not fill_first else FirstForward(self._first_minibatch(batch, "train_actor(fill_first)"),
-                                                        old_logp, extra, batch.loss_mask, self.dist, recompute, s.is_cap)
+        fill = None
+        if fill_first:  # rows no forward fills (nothing to train in the minibatch) get the no-grad pass
+            recompute = functools.partial(self._rows_no_grad, self._actor_logp, batch)
+            fill = FirstForward(self._first_minibatch(batch, "train_actor(fill_first)"), old_logp, extra,
+                                batch.loss_mask, self.dist, recompute, s.is_cap)
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
