@@ -17,6 +17,8 @@ unit-tested on CPU (``tests/unit/test_timesharing.py``, ``tests/unit/test_placem
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -24,6 +26,20 @@ from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 from colocate.engine.pool import EnginePool
 
 CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
+POOL = pytest.StashKey[EnginePool]()  # the session's engine pool, for the summary line
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line: engines the pool started and those it handed to a later run (the suite's
+    time is mostly engine and process starts)."""
+    pool = config.stash.get(POOL, None)
+    if pool is not None:
+        terminalreporter.write_line(f"engine pool: {pool.started} engines started, {pool.reused} handed over "
+                                    "to a later run")
+
+
+def pytest_unconfigure(config):
+    gc.freeze()  # the exit's last collection would walk every object the suite made (seconds)
 
 
 @pytest.fixture(scope="session")
@@ -108,10 +124,11 @@ def tiny_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def engine_pool():
+def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
     engine settings an earlier run used takes its engines instead of starting its own."""
     with EnginePool(max_idle=4) as pool:
+        request.config.stash[POOL] = pool
         yield pool
 
 
