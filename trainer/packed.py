@@ -21,8 +21,8 @@ Rotary embeddings see the same positions as in the right-padded row, so every re
 equals the padded path's up to float rounding. A shared-prefix row's mask is not
 block-diagonal: it goes to the model as a [1, 1, N, N] bool `attention_mask`, which
 transformers (5.x, `masking_utils._preprocess_mask_arguments`) passes to sdpa as given,
-plus its segment boundaries for `trainer/varlen_attention.py` (sdpa per segment with the
-segment's slice of the mask), or as the BlockMask. Flash-attention 2 cannot take the mask
+plus its parts for `trainer/varlen_attention.py` (`PackedRows.prefix_blocks`: sdpa per
+part over its prompt and itself), or as the BlockMask. Flash-attention 2 cannot take the mask
 (the trainer does not share there, `TrainerSettings.shares_prefix`).
 """
 
@@ -97,15 +97,33 @@ class PackedRows:
         without shared prefixes: the sequence boundaries as the keywords of transformers'
         varlen attention (flash-attention 2, `trainer/varlen_attention.py`); with them: the
         [1, 1, N, N] mask, which transformers passes to sdpa as given, and the segment
-        boundaries as `shared_prefix_bounds`, with which `trainer/varlen_attention.py` runs
-        sdpa per segment (others ignore it)."""
+        parts as `shared_prefix_blocks` (`prefix_blocks`), with which
+        `trainer/varlen_attention.py` runs sdpa per part (others ignore it)."""
         if implementation == "flex_attention":
             return dict(attention_mask=self.block_mask())
         if self.shared:
-            return dict(attention_mask=self.attention_mask, shared_prefix_bounds=self.cu_seq_lens)
+            return dict(attention_mask=self.attention_mask, shared_prefix_blocks=self.prefix_blocks())
         longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
         return dict(cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens,
                     max_length_q=longest, max_length_k=longest)
+
+    def prefix_blocks(self) -> torch.Tensor:
+        """[K, 4] long, one row per part of every segment in row order (a prompt, a response,
+        an unshared sequence): the part's positions [q0, q1) and the prompt [p0, p1) it sees
+        whole besides itself causally (p0 == p1 for part 0). `visible` as ranges: with it
+        attention runs each part over its prompt and itself only (~part x (prompt + part)
+        work), not the segment's whole block."""
+        key = self.segment * (int(self.part.max()) + 1) + self.part  # one id per (segment, part)
+        _, counts = torch.unique_consecutive(key, return_counts=True)
+        ends = torch.cumsum(counts, 0).tolist()
+        blocks, prompt = [], (0, 0)
+        for start, end in zip([0, *ends[:-1]], ends):
+            if int(self.part[start]) == 0:  # a prompt part (or an unshared sequence) starts a segment
+                blocks.append((start, end, start, start))
+                prompt = (start, end)
+            else:
+                blocks.append((start, end, *prompt))
+        return torch.tensor(blocks, dtype=torch.long)
 
     def block_mask(self):  # noqa: ANN201 - torch.nn.attention.flex_attention.BlockMask
         """`visible` as flex attention's BlockMask over the packed row ([1, 1, N, N])."""

@@ -72,6 +72,22 @@ def test_the_packed_row_holds_each_prompt_once():
     assert trainer_tokens(batch, False) == (separate.tokens, separate.tokens)
 
 
+@pytest.mark.parametrize("sizes", [(4, 3, 4, 1), (2,), (1, 5, 1), (3, 2)])
+def test_prefix_blocks_are_the_mask_as_ranges(sizes):
+    """Each part's block (itself causally, its whole prompt) marks exactly what `visible`
+    marks, and the blocks cover the row in order, once."""
+    packed = pack(group_batch(sum(sizes), sizes), share=True)
+    blocks = packed.prefix_blocks().tolist()
+    want = packed.attention_mask[0, 0]
+    got = torch.zeros_like(want)
+    for q0, q1, p0, p1 in blocks:
+        got[q0:q1, p0:p1] = True
+        got[q0:q1, q0:q1] = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool).tril()
+    assert torch.equal(got, want)
+    assert [b[0] for b in blocks] == [0, *[b[1] for b in blocks[:-1]]] and blocks[-1][1] == packed.tokens
+    assert sum(b[3] > b[2] for b in blocks) == sum(size for size in sizes if size > 1) - (sizes[0] > 1)
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_a_row_padded_to_flex_blocks_gives_the_same_results(tiny_actor_path, attn, share):
     """`PackedRows.padded` (flex attention's whole blocks): pads in a segment of their own,
