@@ -44,6 +44,8 @@ from typing import Any, Callable
 
 import torch
 
+from colocate.quick_exit import skip_last_collection
+
 PHASES = ("onload", "ref", "old_logp", "values", "advantages", "critic", "actor", "sync_gather", "offload")
 GIB = 1 << 30
 
@@ -322,4 +324,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    skip_last_collection()
     main()

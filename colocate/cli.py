@@ -4,16 +4,14 @@ Owns: argument parsing, printing, and turning every error of :data:`~colocate.er
 (and a collective broken by another rank going away) into one line on stderr with exit
 status 2; as the process's owner, the libraries' loading bars off for the commands that
 load models unless ``engines.log_level`` asks for them (``colocate.monitor.quiet``), their
-one-line replacements on stderr; a quick exit (the interpreter's last collection skipped).
-Leaves out: all behaviour (``colocate.api``).
+one-line replacements on stderr; a quick exit (``colocate.quick_exit``). Leaves out: all
+behaviour (``colocate.api``).
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
-import gc
 import importlib
 import json
 import sys
@@ -26,6 +24,7 @@ from colocate.config import EnginesConfig, dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError
 from colocate.monitor import completions
 from colocate.monitor.quiet import hide_library_bars
+from colocate.quick_exit import skip_last_collection
 from colocate.tools import doctor as doc
 from colocate.tools.export import log_level_of
 from colocate.tools.sample import SampleOptions
@@ -72,12 +71,7 @@ def main() -> None:
       colocate train           # PPO on the default sentiment task
       colocate generate runs/default --prompt "Hi!"   # sample the trained actor
     """
-    # At exit the interpreter's module teardown runs a full collection over every object torch,
-    # SGLang and transformers made (~2 s of a 2-core CPU per process, after the summary line)
-    # although nothing left needs one: engines are down, files closed, checkpoints written.
-    # Registered before the command's own exit hooks, the freeze runs after all of them.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    skip_last_collection()  # before the command's own exit hooks: the freeze runs after them all
 
 
 @main.command()

@@ -60,6 +60,7 @@ from colocate.bench.peers.trl_ppo import (INSTALL_HINT, TRL_VERSION, Clock, Peer
                                           load_tokenizer, prompt_texts, run_cli, seed_and_threads, summary, timed,
                                           train_timed)
 from colocate.config import PPOConfig
+from colocate.quick_exit import skip_last_collection
 
 FORWARDS = ("old_logp", "ref", "reward")
 PHASES = ("generate", *FORWARDS, "other", "train")
@@ -254,4 +255,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    skip_last_collection()
     sys.exit(main())

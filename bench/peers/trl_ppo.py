@@ -48,6 +48,7 @@ import torch
 from transformers import PrinterCallback, TrainerCallback
 
 from colocate.errors import USER_ERRORS, ColocateError, ModelSourceError
+from colocate.quick_exit import skip_last_collection
 
 TRL_VERSION = "1.12.0"
 INSTALL_HINT = "pip install 'colocate[bench]'"
@@ -359,4 +360,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    skip_last_collection()
     sys.exit(main())

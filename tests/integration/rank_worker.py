@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from colocate.quick_exit import skip_last_collection
+
 CHECKED = ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight")
 
 
@@ -70,4 +72,5 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    skip_last_collection()
     main(sys.argv[1])
