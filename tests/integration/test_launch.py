@@ -44,13 +44,16 @@ def test_two_ranks_train_and_checkpoint(tiny_pair, run_overrides, tmp_path):
 
 def test_two_nodes_on_loopback_train_checkpoint_and_resume_on_one_rank(tiny_pair, run_overrides, tmp_path):
     """Two torchrun invocations with --nnodes 2 (one process each) meet at a c10d
-    rendezvous on loopback, as two machines would; the run then resumes on one rank."""
+    rendezvous on loopback, as two machines would; the run then resumes on one rank. Inter
+    mode with a rule reward: each node defers on its own actor engine, and no reward engine
+    starts on each node (the test above streams to one per rank; test_rank_engines runs
+    oppo per rank)."""
     from colocate.trainer.distributed import free_port
 
     out = tmp_path / "run"
     sets = [f"--set={s}" for s in run_overrides(
         tiny_pair("nodes", 23, 24), out, "run.steps=2", "run.save_every=2", "run.eval_every=0",
-        "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=oppo")]
+        "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=inter", "reward.kind=rule", "reward.rule=vader")]
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
                                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",

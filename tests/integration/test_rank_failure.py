@@ -1,6 +1,6 @@
 """A rank that fails in the weight sync or in training ends every rank within seconds, each
 in one line naming the failed rank and phase, with the last checkpoint intact
-(`colocate train --nproc 2`, gloo on CPU, tiny models; the failures are raised on rank 1
+(`colocate train --nproc 2`, gloo on CPU, a tiny actor and a rule reward; the failures are raised on rank 1
 only by the ``run.fault_at`` test hook).
 
 One chain, two launches: the first fails in step 2's push into rank 1's engine (agreed at
@@ -45,6 +45,7 @@ def test_a_rank_failing_in_sync_then_in_training_ends_every_rank_in_one_line(tin
     out = tmp_path / "run"
     sets = run_overrides(tiny_pair("rankfail", 41, 42), out, "run.steps=4", "run.save_every=100", "run.eval_every=0",
                          "rollout.max_new_tokens=8", "ppo.epochs=1", "run.fault_action=raise",
+                         "reward.kind=rule", "reward.rule=vader",  # no reward engines: faster launches
                          "run.fault_at=sync:2:1,update:3:1")
     done, _ = _launch("--nproc", "2", *(f"--set={s}" for s in sets))
     ended_s = _ended_after_fault_s(out)
