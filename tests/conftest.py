@@ -34,8 +34,25 @@ def pytest_terminal_summary(terminalreporter, config):
     time is mostly engine and process starts)."""
     pool = config.stash.get(POOL, None)
     if pool is not None:
-        terminalreporter.write_line(f"engine pool: {pool.started} engines started, {pool.reused} handed over "
-                                    "to a later run")
+        terminalreporter.write_line(f"engine pool: {pool.started} engines started ({pool.again} of them for a config "
+                                    f"an earlier run had started), {pool.reused} handed over to a later run")
+
+
+class _SuitePool(EnginePool):
+    """The session's pool, also counting the starts of a config an earlier run had started
+    (its engine shut down meanwhile: more than ``max_idle`` were kept, or it could not be)."""
+
+    def __init__(self, max_idle: int) -> None:
+        super().__init__(max_idle)
+        self.configs: set[str] = set()
+        self.again = 0
+
+    def take(self, cfg, *, field: str = "model_path"):
+        eng, reused = super().take(cfg, field=field)
+        if not reused:
+            self.again += repr(cfg) in self.configs
+            self.configs.add(repr(cfg))
+        return eng, reused
 
 
 def pytest_unconfigure(config):
@@ -127,7 +144,7 @@ def tiny_pair(tmp_path_factory):
 def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
     engine settings an earlier run used takes its engines instead of starting its own."""
-    with EnginePool(max_idle=4) as pool:
+    with _SuitePool(max_idle=4) as pool:
         request.config.stash[POOL] = pool
         yield pool
 
