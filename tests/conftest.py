@@ -143,10 +143,8 @@ def tiny_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
-    engine settings an earlier run used takes its engines instead of starting its own. Six
-    kept (~1.25 GiB each for the tiny models, idle at ~1 % of a core): with four, 20 of the
-    suite's 49 starts were of a config an earlier run had started."""
-    with _SuitePool(max_idle=6) as pool:
+    engine settings an earlier run used takes its engines instead of starting its own."""
+    with _SuitePool(max_idle=4) as pool:
         request.config.stash[POOL] = pool
         yield pool
 
