@@ -17,13 +17,12 @@ unit-tested on CPU (``tests/unit/test_timesharing.py``, ``tests/unit/test_placem
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
 from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
 from colocate.engine.pool import EnginePool
+from colocate.quick_exit import skip_last_collection
 
 CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
 POOL = pytest.StashKey[EnginePool]()  # the session's engine pool, for the summary line
@@ -56,7 +55,7 @@ class _SuitePool(EnginePool):
 
 
 def pytest_unconfigure(config):
-    gc.freeze()  # the exit's last collection would walk every object the suite made (seconds)
+    skip_last_collection()  # the exit's last collection would walk every object the suite made
 
 
 @pytest.fixture(scope="session")

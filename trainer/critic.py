@@ -46,7 +46,8 @@ class ValueModel(nn.Module):
         Packed rows (`trainer/packed.py`): no attention mask, position ids restarting at
         each sequence, the sequence boundaries in `attention_kwargs` (`cu_seq_lens_q`, ...)
         for varlen attention; shared-prefix rows: their [1, 1, N, N] bool mask as
-        `attention_mask` (used as given) and `shared_prefix_blocks`. No KV cache: with one, transformers would not detect packed rows.
+        `attention_mask` (used as given) and `shared_prefix_blocks`. No KV cache: with one,
+        transformers would not detect packed rows.
         """
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False, **attention_kwargs).last_hidden_state  # [B, L, H]

@@ -62,7 +62,7 @@ def varlen_sdpa_forward(
     else:
         bounds = cu_seq_lens_q.tolist()
         blocks = [(a, b, a, a) for a, b in zip(bounds, bounds[1:])]
-    if sliding_window is not None and max(q1 - p0 for q0, q1, p0, _ in blocks) > sliding_window:
+    if sliding_window is not None and max(p1 - p0 + q1 - q0 for q0, q1, p0, p1 in blocks) > sliding_window:
         raise NotImplementedError(f"{VARLEN_SDPA} has no sliding window ({sliding_window} tokens)")
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads

@@ -1,7 +1,7 @@
 """A rank that fails in the weight sync or in training ends every rank within seconds, each
 in one line naming the failed rank and phase, with the last checkpoint intact
-(`colocate train --nproc 2`, gloo on CPU, a tiny actor and a rule reward; the failures are raised on rank 1
-only by the ``run.fault_at`` test hook).
+(`colocate train --nproc 2`, gloo on CPU, a tiny actor and a rule reward; the failures are
+raised on rank 1 only by the ``run.fault_at`` test hook).
 
 One chain, two launches: the first fails in step 2's push into rank 1's engine (agreed at
 the phase's end: every rank checkpoints step 2 together, then stops); ``--resume`` alone
