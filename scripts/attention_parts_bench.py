@@ -5,7 +5,8 @@
     python scripts/attention_parts_bench.py                       # 2 groups, 4 x 180-310 after 119
     LENS=40,64,90,126 SEGS=4 python scripts/attention_parts_bench.py
 
-Prints the largest output and gradient difference and min/median/max ms of 5 runs each.
+Prints the largest output and gradient difference and min/median/max ms of 15 interleaved
+runs each; compare minima and medians (a few runs' medians were bimodal here).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from colocate.trainer.packed import PackedRows, visible
 from colocate.trainer.varlen_attention import varlen_sdpa_forward
 
 H, HKV, D, PROMPT = 9, 3, 64, 119
+ROUNDS = 15  # the medians of a few runs are bimodal at these sizes (46 vs 74 ms for one computation)
 
 
 def main() -> None:
@@ -53,15 +55,16 @@ def main() -> None:
     grads = [torch.autograd.grad(x.square().sum(), (q, k, v)) for x in (a, b)]
     print(f"N {n}: max |output diff| {(a - b).abs().max().item():.2e}, max |grad diff| "
           f"{max((x - y).abs().max().item() for x, y in zip(*grads)):.2e}")
-    for name, fn in (("whole block", whole_block), ("by part", by_part)) * 2:
-        times = []
-        for _ in range(5):
+    runs = {"whole block": whole_block, "by part": by_part}
+    times = {name: [] for name in runs}
+    for _ in range(ROUNDS):  # interleaved: a slow spell of the machine hits both
+        for name, fn in runs.items():
             start = time.perf_counter()
             fn(q, k, v).sum().backward()
-            times.append(time.perf_counter() - start)
-        times.sort()
-        print(f"{name:12s} fwd+bwd ms min/median/max {times[0] * 1e3:.1f} / {times[2] * 1e3:.1f} / {times[-1] * 1e3:.1f}")
-
+            times[name].append(time.perf_counter() - start)
+    for name, ts in times.items():
+        ts = sorted(ts)
+        print(f"{name:12s} fwd+bwd ms min/median/max {ts[0] * 1e3:.1f} / {ts[len(ts) // 2] * 1e3:.1f} / {ts[-1] * 1e3:.1f}")
 
 if __name__ == "__main__":
     main()

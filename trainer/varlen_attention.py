@@ -18,10 +18,11 @@ keys and its own with the lower-right causal mask (the whole prompt visible, its
 causally): ~response x (prompt + response) work per response, not the ~segment^2 of the
 segment's block of the [N, N] mask (3.3x more for 4 responses of 256 tokens after a
 119-token prompt). Measured on our CPU, SmolLM2's heads, fwd + bwd of one layer's
-attention (scripts/attention_parts_bench.py): 155 -> 80 ms for 2 such groups, but
-58 -> 84 ms for 4 groups of short responses (40/64/90/126 tokens: the n + 1 calls cost more
-than the work saved); the whole random SmolLM2-135M over a batch of lognormal responses
-(median 64, up to 256; 1,822 tokens): 10.53 -> 9.93 s (median of 6, interleaved).
+attention (scripts/attention_parts_bench.py, medians): 152 -> 86 ms for 2 such groups,
+but 55-61 -> 77-79 ms for 4 groups of short responses (40/64/90/126 tokens; equal minima);
+the whole random SmolLM2-135M over a batch of lognormal responses (median 64, up to 256;
+1,822 tokens): 10.53 -> 9.93 s (median of 6, interleaved). Batching parts into fewer calls
+was tried and did not pay inside the model on this CPU (docs/bench.md).
 
 Leaves out: where the boundaries come from (`trainer/packed.py`) and when this
 implementation is chosen (`TrainerSettings.attn_implementation`). Without boundaries

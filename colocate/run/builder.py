@@ -93,7 +93,8 @@ def trainer_dtype(cfg: Config, device_type: str) -> str:
     """The trainer's compute dtype: ``models.dtype``; auto: bfloat16 (mixed precision over
     fp32 master weights) when it trains on CUDA, where the engines serve bf16 too (so
     ``ppo.old_logp=rollout`` compares like with like, and the trainer runs at the GPU's
-    bf16 rate), float32 on CPU (exact against HF; bf16 matmuls there are slower)."""
+    bf16 rate), float32 on CPU (exact against HF; `bfloat16` is a setting there, faster on
+    CPUs with AVX512-BF16 or AMX: docs/config.md)."""
     if cfg.models.dtype != "auto":
         return cfg.models.dtype
     return "bfloat16" if device_type == "cuda" else "float32"
