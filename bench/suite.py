@@ -25,6 +25,7 @@ from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
 from colocate.bench.workloads import (MODES, MULTI_TURN, PRESETS, Preset, small_models, workload_models, workload_overrides,
                                       workload_reward_fns)
+from colocate.run.builder import run_device, trainer_dtype
 from colocate.trainer.estimators import CRITIC_FREE
 
 SENTIMENT = "sentiment-prompts"
@@ -220,6 +221,8 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     if peer_info:
         peer_info["trl_version"] = peer.get("trl_version", "?")
         peer_info["contention"] = peer.get("contention") or {}
+        # the peers compute in float32 (bench/peers); the report flags a colocate run that does not
+        peer_info["colocate_dtype"] = trainer_dtype(cfg, run_device(cfg))
     kept, _ = report.uncontended(data["records"], opts.modes)
     plots.gantt(kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
     plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")

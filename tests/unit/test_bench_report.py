@@ -66,6 +66,16 @@ def test_peer_line_flags_a_contended_trl_run():
     assert "others used 0.80 cores during the TRL run (CONTENDED" in markdown("short", s, peer, {})
 
 
+def test_peer_line_flags_a_colocate_run_in_another_precision_than_the_float32_peer():
+    s = summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"])
+    peer = {**peer_ratio(s, {"batch_size": 8, "update_seconds": [8.0], "response_tokens": [64],
+                             "response_tokens_per_s": 8.0}), "trl_version": "1.12.0"}
+    assert "NOT LIKE FOR LIKE" not in markdown("short", s, peer, {})  # no dtype recorded: float32
+    assert "NOT LIKE FOR LIKE" not in markdown("short", s, {**peer, "colocate_dtype": "float32"}, {})
+    flagged = markdown("short", s, {**peer, "colocate_dtype": "bfloat16"}, {})
+    assert "NOT LIKE FOR LIKE: colocate's trainer computes in bfloat16, the TRL peer in float32" in flagged
+
+
 def test_reasoning_workload_stops_at_eos_on_reasoning_gym_prompts_with_a_long_cap():
     for name, preset in PRESETS.items():
         assert "reasoning" in preset.workloads
