@@ -155,7 +155,7 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
         dtype = peer_info.get("colocate_dtype", "float32")
         if dtype != "float32":
             lines[-1] += (f" (NOT LIKE FOR LIKE: colocate's trainer computes in {dtype}, the TRL peer in float32; "
-                          "compare precisions with models.dtype=float32)")
+                          "for a like-for-like ratio run with --set models.dtype=float32)")
         load = peer_info.get("contention") or {}
         if load:
             lines[-1] += (f"; others used {load['others_cores']:.2f} cores during the TRL run"

@@ -66,5 +66,6 @@ def main() -> None:
         ts = sorted(ts)
         print(f"{name:12s} fwd+bwd ms min/median/max {ts[0] * 1e3:.1f} / {ts[len(ts) // 2] * 1e3:.1f} / {ts[-1] * 1e3:.1f}")
 
+
 if __name__ == "__main__":
     main()
