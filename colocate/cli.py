@@ -24,28 +24,30 @@ from colocate.config import EnginesConfig, dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError
 from colocate.monitor import completions
 from colocate.monitor.quiet import hide_library_bars
+from colocate.monitor.visible import LAYOUT, visible
 from colocate.quick_exit import skip_last_collection
 from colocate.tools import doctor as doc
 from colocate.tools.export import log_level_of
-from colocate.tools.sample import SampleOptions
+from colocate.tools.sample import Generation, SampleOptions
 
 
 def _friendly(fn):
-    """Run ``fn``; an error of USER_ERRORS becomes a one-line message, not a traceback."""
+    """Run ``fn``; an error of USER_ERRORS becomes a one-line message, not a traceback (what
+    it quotes of a dataset or a reward function shown as data: ``colocate.monitor.visible``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {visible(str(exc))}", err=True)
             sys.exit(2)
         except RuntimeError as exc:
             from colocate.trainer.distributed import lost_peer  # not at the top: torch.distributed is slow to import
 
             if not lost_peer(exc):
                 raise
-            first = str(exc).strip().splitlines()[0][:160]
+            first = visible(str(exc).strip().splitlines()[0][:160])
             click.echo(f"error: another rank went away during a collective ({first}); the rank that failed "
                        "first says why (the launcher's last line names it)", err=True)
             sys.exit(2)
@@ -282,7 +284,13 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
         if as_jsonl:
             click.echo(json.dumps(dataclasses.asdict(g)))
         else:
-            click.echo(f"### {g.prompt}\n{g.response}\n[{len(g.token_ids)} tokens, {g.finish_reason}]\n")
+            click.echo(generation_lines(g))
+
+
+def generation_lines(g: Generation) -> str:
+    """A generation as `colocate generate` prints it, prompt and response shown as data."""
+    return (f"### {visible(g.prompt, keep=LAYOUT)}\n{visible(g.response, keep=LAYOUT)}\n"
+            f"[{len(g.token_ids)} tokens, {visible(g.finish_reason)}]\n")
 
 
 @main.command()

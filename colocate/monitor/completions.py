@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from colocate.errors import ConfigError
+from colocate.monitor.visible import LAYOUT, visible
 
 TRAIN_FILE, EVAL_FILE = "samples.jsonl", "eval_samples.jsonl"
 
@@ -109,26 +110,36 @@ def _parts(parts: dict[str, float]) -> str:
 
 def show(found: Sequence[dict[str, Any]], width: int = 80, echo: Callable[[str], None] = print,
          rich: bool | None = None) -> None:
-    """Print rows readably: a rich table in a terminal (``rich``), else one block per row."""
+    """Print rows readably: a rich table in a terminal (``rich``), else one block per row.
+    What the model and the dataset wrote is shown as data (``colocate.monitor.visible``):
+    its control characters escaped, a rich table's cells plain text (no markup)."""
     if rich is None:
         rich = sys.stdout.isatty()
     if rich:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(show_lines=True)
-        for name in ("step", "#", "prompt", "response", "reward", "parts", "len", "end"):
-            table.add_column(name, overflow="fold")
-        for r in found:
-            table.add_row(str(r["step"]), str(r["index"]), _clip(r["prompt"], width // 2), r["response"],
-                          f"{r['reward']:+.3f}", _parts(r["reward_parts"]), str(r["length"]), _fate(r))
-        Console().print(table)
+        _table(found, width)
         return
     for r in found:
-        echo(f"step {r['step']} sample {r['index']} (group {r['group']}): reward {r['reward']:+.3f} "
-             f"[{_parts(r['reward_parts'])}], {r['length']} tokens, {_fate(r)}")
-        echo(f"  prompt:   {_clip(r['prompt'], width)}")
-        echo("  response: " + r["response"].replace("\n", "\n            "))
+        echo(visible(f"step {r['step']} sample {r['index']} (group {r['group']}): reward {r['reward']:+.3f} "
+                     f"[{_parts(r['reward_parts'])}], {r['length']} tokens, {_fate(r)}"))
+        echo(f"  prompt:   {_clip(visible(r['prompt'], keep=LAYOUT), width)}")
+        echo("  response: " + visible(r["response"], keep=LAYOUT).replace("\n", "\n            "))
+
+
+def _table(found: Sequence[dict[str, Any]], width: int) -> None:
+    """The rows as a rich table, each cell a plain ``Text`` (``[link=…]`` in a response is text)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(show_lines=True)
+    for name in ("step", "#", "prompt", "response", "reward", "parts", "len", "end"):
+        table.add_column(name, overflow="fold")
+    for r in found:
+        cells = (r["step"], r["index"], _clip(visible(r["prompt"], keep=LAYOUT), width // 2),
+                 visible(r["response"], keep=LAYOUT), f"{r['reward']:+.3f}", _parts(r["reward_parts"]), r["length"],
+                 _fate(r))
+        table.add_row(*(Text(visible(str(c), keep=LAYOUT)) for c in cells))
+    Console().print(table)
 
 
 def _fate(r: dict[str, Any]) -> str:

@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
+from colocate.monitor.visible import visible
+
 
 def _eta(seconds: float) -> str:
     if seconds != seconds:  # NaN: no step timed yet
@@ -41,7 +43,7 @@ class Progress:
 
     def phase(self, name: str) -> None:
         if self.bar is not None and name != "idle":
-            self.bar.set_description_str(name)
+            self.bar.set_description_str(visible(name))
 
     def eta_s(self) -> float:
         if not self.timed_steps:
@@ -65,6 +67,7 @@ class Progress:
             self.bar.update(1)
 
     def _line(self, text: str) -> None:
+        text = visible(text)  # a skipped step's reason may quote a reward function's message
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
         else:
