@@ -152,10 +152,12 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
         if "tokens" in peer_info:
             t = peer_info["tokens"]
             lines[-1] += f", {t['median']:.2f}x [{t['min']:.2f}–{t['max']:.2f}] in response tokens/s"
-        dtype = peer_info.get("colocate_dtype", "float32")
-        if dtype != "float32":
-            lines[-1] += (f" (NOT LIKE FOR LIKE: colocate's trainer computes in {dtype}, the TRL peer in float32; "
-                          "for a like-for-like ratio run with --set models.dtype=float32)")
+        dtype, trl_dtype = peer_info.get("colocate_dtype", "float32"), peer_info.get("trl_dtype", "float32")
+        if dtype != trl_dtype:
+            lines[-1] += (f" (NOT LIKE FOR LIKE: colocate's trainer computes in {dtype}, the TRL peer in {trl_dtype}; "
+                          "for a like-for-like ratio leave --peer-dtype unset)")
+        else:
+            lines[-1] += f"; both in {dtype}"
         load = peer_info.get("contention") or {}
         if load:
             lines[-1] += (f"; others used {load['others_cores']:.2f} cores during the TRL run"

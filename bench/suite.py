@@ -43,6 +43,7 @@ class BenchOptions:
     chunk_size: int = 16
     delta: int = 2
     overrides: tuple[str, ...] = ()  # config overrides of every run, after the preset's (--set)
+    peer_dtype: str = ""  # the TRL peers' precision; "": the one colocate's trainer computes in (like for like)
     guard: GuardOptions = GuardOptions()
     convergence: ConvergenceOptions | None = None  # set: run the time-to-reward study instead
 
@@ -109,7 +110,8 @@ def peer_key(tokens: int, stop_at_eos: bool, source: str, group_size: int = 0) -
 
 
 def _peer_command(actor: str, rm: str, preset: Preset, out: Path, new_tokens: int, stop_at_eos: bool,
-                  epochs: int, minibatches: int, source: str, group_size: int, beta: float | None) -> list[str]:
+                  epochs: int, minibatches: int, source: str, group_size: int, beta: float | None,
+                  dtype: str = "float32") -> list[str]:
     module = "trl_grpo" if group_size else "trl_ppo"
     cmd = [sys.executable, "-m", f"colocate.bench.peers.{module}", "--actor", actor, "--reward", rm,
            "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
@@ -117,23 +119,32 @@ def _peer_command(actor: str, rm: str, preset: Preset, out: Path, new_tokens: in
            "--minibatches", str(minibatches), "--source", source, "--out", str(out)]
     if group_size:
         cmd += ["--group-size", str(group_size), *(["--beta", str(beta)] if beta is not None else [])]
-    return cmd + (["--stop-at-eos"] if stop_at_eos else [])
+    return cmd + (["--stop-at-eos"] if stop_at_eos else []) + (["--bf16"] if dtype == "bfloat16" else [])
+
+
+def peer_dtype(trainer_dtype: str) -> str:
+    """The TRL peers' precision for a colocate trainer computing in ``trainer_dtype``: the same
+    where TRL has it (bfloat16, float32); float16 (TRL's fp16 uses a loss scaler colocate's
+    trainer has not) falls back to float32, which the report then flags."""
+    return trainer_dtype if trainer_dtype in ("float32", "bfloat16") else "float32"
 
 
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
              stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2, source: str = SENTIMENT,
-             group_size: int = 0, beta: float | None = None,
+             group_size: int = 0, beta: float | None = None, dtype: str = "float32",
              guard: GuardOptions | None = None) -> dict[str, Any] | None:
     """TRL's PPO (``group_size`` 0) or GRPO (groups of ``group_size``, KL coefficient
     ``beta``, None: colocate's default ``ppo.kl_coef``) on the same models, prompts, batch
-    and epochs/minibatches, in a subprocess (under the contention guard: the others' load
-    is in ``contention``); None if unavailable."""
+    and epochs/minibatches, computing in ``dtype`` (float32 or bfloat16), in a subprocess
+    (under the contention guard: the others' load is in ``contention``); None if unavailable."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"the TRL peers compute in float32 or bfloat16, not {dtype}")
     new_tokens = new_tokens or preset.max_new_tokens
     cmd = _peer_command(actor, rm, preset, out, new_tokens, stop_at_eos, epochs, minibatches, source,
-                        group_size, beta)
+                        group_size, beta, dtype)
     log(f"TRL peer ({f'GRPO, groups of {group_size}' if group_size else 'PPO'}): {preset.peer_updates} updates "
         f"of {preset.batch_size} × {new_tokens} tokens from {source}, "
-        f"{epochs} epochs × {minibatches} minibatches" + (" (stop at EOS)" if stop_at_eos else ""))
+        f"{epochs} epochs × {minibatches} minibatches, {dtype}" + (" (stop at EOS)" if stop_at_eos else ""))
     proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
                                                 capture_output=True, text=True), guard)
     result = out / "trl_result.json"
@@ -144,6 +155,7 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
     data = json.loads(result.read_text())
     data["batch_size"] = preset.batch_size
     data["new_tokens"], data["stop_at_eos"], data["source"], data["contention"] = new_tokens, stop_at_eos, source, load
+    data["dtype"] = dtype
     return data
 
 
@@ -204,13 +216,15 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     """Run one workload (and its TRL peer when not run yet); its report section."""
     actor, rm = workload_models(preset, workload, *models)
     cfg = _config(preset, opts, workload, actor, rm, out)
+    dtype = trainer_dtype(cfg, run_device(cfg))
     peer = None
     if opts.peer and preset.peer_updates and workload not in MULTI_TURN:  # TRL's PPO has no environment loop
         key = (*peer_shape(preset, workload), preset.source(workload), peer_group(cfg))
         if key not in peers:
             peers[key] = run_peer(actor, rm, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0],
                                   stop_at_eos=key[1], epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches,
-                                  source=key[2], group_size=key[3], beta=cfg.ppo.kl_coef, guard=guard)
+                                  source=key[2], group_size=key[3], beta=cfg.ppo.kl_coef,
+                                  dtype=opts.peer_dtype or peer_dtype(dtype), guard=guard)
         peer = peers[key]
     log(f"workload {workload}")
     data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe,
@@ -221,8 +235,8 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     if peer_info:
         peer_info["trl_version"] = peer.get("trl_version", "?")
         peer_info["contention"] = peer.get("contention") or {}
-        # the peers compute in float32 (bench/peers); the report flags a colocate run that does not
-        peer_info["colocate_dtype"] = trainer_dtype(cfg, run_device(cfg))
+        # the report flags a run whose peer computed in another precision than colocate's trainer
+        peer_info["colocate_dtype"], peer_info["trl_dtype"] = dtype, peer.get("dtype", "float32")
     kept, _ = report.uncontended(data["records"], opts.modes)
     plots.gantt(kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
     plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")

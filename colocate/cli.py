@@ -116,6 +116,9 @@ def train(config, overrides, resume, print_config, check, nproc):
         click.echo(api.check(cfg, resume=resume, nproc=nproc).describe())
         return
     if nproc != 1 and not launch.under_torchrun():
+        from colocate.run import run_folder  # rank 0 holds the folder; refused here first, without torchrun's lines
+
+        run_folder.check(cfg, resume)
         args = [*([config] if config else []), *(f"--set={o}" for o in overrides),
                 *([f"--resume={resume}"] if resume else [])]
         launch.run_torchrun(nproc, args)
@@ -139,6 +142,8 @@ def _bench_default(module: str, cls: str, field: str):
 @click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's).")
 @click.option("--steps", type=int, default=0, help="Measured steps per mode and repeat (default: the preset's).")
 @click.option("--no-peer", is_flag=True, help="Skip the TRL PPO peer.")
+@click.option("--peer-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+              help="The TRL peers' precision (default: the one colocate's trainer computes in, like for like).")
 @click.option("--chunk-size", type=int, default=16, show_default=True, help="Streamed-scoring chunk (tokens).")
 @click.option("--delta", type=int, default=2, show_default=True, help="Extra requests launched per step (Δ).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -163,7 +168,7 @@ def _bench_default(module: str, cls: str, field: str):
               'ppo.kl_in=loss". Repeatable.')
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
-def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, overrides, contended_above,
+def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides, contended_above,
           quiet_wait, convergence, convergence_steps, eval_every, variants, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
     peer, the lower bound; writes report.md, results.json and plots. With
@@ -205,7 +210,8 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, chunk_size, delta, 
                                **({"modes": mode_list} if given else {}))
             if convergence else None)
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
-                        peer=not no_peer, out_dir=out, chunk_size=chunk_size, delta=delta, overrides=tuple(overrides),
+                        peer=not no_peer, peer_dtype=peer_dtype or "", out_dir=out, chunk_size=chunk_size,
+                        delta=delta, overrides=tuple(overrides),
                         guard=GuardOptions(limit_cores=contended_above, quiet_wait_s=quiet_wait), convergence=conv)
     folder = run(opts, log=lambda m: click.echo(m, err=True))
     click.echo((folder / "report.md").read_text())

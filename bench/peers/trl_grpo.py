@@ -16,8 +16,10 @@ and are left out of the numbers. `python -m colocate.bench.peers.trl_grpo` write
 
 Settings chosen for a like-for-like run (everything else is TRL's default):
 
-- fp32: bf16/fp16 off (TRL's GRPO turns bf16 on by default), gradient checkpointing off;
-  the reference is built by TRL from the actor folder, in fp32 (its default);
+- the precision of colocate's trainer: float32 (bf16/fp16 off; TRL's GRPO turns bf16 on by
+  default) unless ``--bf16`` (TRL's ``bf16=True``: autocast over float32 weights, as
+  colocate's ``models.dtype=bfloat16``); gradient checkpointing off; the reference is built
+  by TRL from the actor folder, loaded in fp32 (its default);
 - a pad token distinct from EOS, as `bench.peers.trl_ppo` chooses it, for the policy's
   and the reward model's tokenizer;
 - the reward: the reward model folder as a one-label sequence classifier passed as
@@ -147,6 +149,7 @@ class GrpoSettings:
     beta: float = DEFAULT_BETA  # KL coefficient (k3 in the loss)
     seed: int = 0
     stop_at_eos: bool = False
+    bf16: bool = False  # TRL's bf16=True (autocast over float32 weights); False: float32
 
     @property
     def prompts(self) -> int:
@@ -181,7 +184,8 @@ def _import_trl() -> tuple[str, Any, Any]:
 
 def _grpo_config(config_cls: Any, out_dir: Path, s: GrpoSettings) -> Any:
     return config_cls(
-        output_dir=str(out_dir / "trl"), report_to=[], bf16=False, fp16=False, gradient_checkpointing=False,
+        output_dir=str(out_dir / "trl"), report_to=[], bf16=s.bf16, fp16=False, gradient_checkpointing=False,
+        use_cpu=not torch.cuda.is_available(),  # transformers refuses bf16 without a GPU unless told it is the CPU
         seed=s.seed, data_seed=s.seed, use_vllm=False, num_generations=s.group_size,
         per_device_train_batch_size=s.batch_size // s.minibatches, steps_per_generation=s.minibatches,
         gradient_accumulation_steps=1, num_iterations=s.epochs, max_steps=(s.warmup + s.updates) * s.steps_per_update,
@@ -232,7 +236,8 @@ def run_trl_grpo(actor_path: str, reward_path: str, prompts: list[str], s: GrpoS
         callbacks=[_UpdateTimer(clock, s.steps_per_update, s.batch_size, progress)],
         **_load_models(actor_path, reward_path, tokenizer.pad_token_id))
     train_timed(trainer, lambda t: _attach_hooks(t, clock))
-    settings = {**dataclasses.asdict(s), "threads": torch.get_num_threads(), "pad_token": tokenizer.pad_token}
+    settings = {**dataclasses.asdict(s), "threads": torch.get_num_threads(), "pad_token": tokenizer.pad_token,
+                "dtype": "bfloat16" if s.bf16 else "float32", "mixed_precision": trainer.accelerator.mixed_precision}
     return {"trainer": "grpo", "group_size": s.group_size, **summary(clock.records, version, settings, PHASES)}
 
 
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     s = GrpoSettings(batch_size=a.batch, group_size=a.group_size, max_new_tokens=a.new_tokens, updates=a.updates,
                      warmup=a.warmup, epochs=a.epochs, minibatches=a.minibatches, beta=a.beta, seed=a.seed,
-                     stop_at_eos=a.stop_at_eos)
+                     stop_at_eos=a.stop_at_eos, bf16=a.bf16)
     return run_cli("trl_grpo", a, lambda progress: run_trl_grpo(
         a.actor, a.reward, prompt_texts(a.source, s.prompts, a.seed), s, out_dir=a.out, threads=a.threads,
         progress=progress))

@@ -3,7 +3,7 @@
 Owns: running TRL's `PPOTrainer` on the same actor, reward model, chat-formatted prompts
 and batch as colocate, and timing it. Policy, reference and value model come from the
 actor folder (the value model is a one-label `AutoModelForSequenceClassification` on the
-actor's weights), the reward model from its folder, all fp32. They run where accelerate
+actor's weights), the reward model from its folder, all loaded in fp32. They run where accelerate
 puts them: the CPU here (TRL's PPO builds its own `Accelerator` and ignores `use_cpu`, so
 a CUDA machine would run it on the GPU). Each update's wall time comes from trainer
 events; its phases from forward hooks on the four models: generate, ref, values, reward,
@@ -16,8 +16,10 @@ shares: the pad-token choice (`load_tokenizer`), prompt loading (`prompt_texts`)
 update clock (`Clock`, `timed`), `seed_and_threads`, the result (`summary`) and the CLI's
 common options and one-line errors (`common_parser`, `run_cli`).
 
-Settings chosen for a like-for-like run: bf16 and gradient checkpointing off (TRL turns
-both on by default; colocate trains in fp32 without checkpointing); a pad token distinct
+Settings chosen for a like-for-like run: the precision colocate's trainer computes in
+(float32 by default; ``--bf16``: TRL's ``bf16=True``, autocast over float32 weights, as
+colocate's ``models.dtype=bfloat16`` mixes over float32 master weights), gradient
+checkpointing off (TRL turns it on by default; colocate trains without); a pad token distinct
 from EOS (SmolLM2 uses <|im_end|> for both, and TRL masks every pad-valued token,
 including the prompt's turn ends); one optimizer step per minibatch (per-device batch =
 the whole batch, no gradient accumulation: with accumulation, accelerate would merge the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import statistics
 import sys
@@ -219,9 +222,9 @@ def _prompt_dataset(tokenizer: Any, prompts: list[str]) -> Any:
 
 
 def _ppo_config(config_cls: Any, out_dir: Path, *, batch_size: int, max_new_tokens: int, updates: int,
-                epochs: int, minibatches: int, seed: int, stop_at_eos: bool) -> Any:
+                epochs: int, minibatches: int, seed: int, stop_at_eos: bool, bf16: bool = False) -> Any:
     return config_cls(
-        output_dir=str(out_dir / "trl"), report_to=[], use_cpu=True, bf16=False, fp16=False,
+        output_dir=str(out_dir / "trl"), report_to=[], use_cpu=True, bf16=bf16, fp16=False,
         gradient_checkpointing=False, seed=seed, data_seed=seed,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=1,
         num_mini_batches=minibatches, num_ppo_epochs=epochs, total_episodes=updates * batch_size,
@@ -236,7 +239,7 @@ def _ppo_config(config_cls: Any, out_dir: Path, *, batch_size: int, max_new_toke
 
 def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_size: int, max_new_tokens: int,
                 updates: int, epochs: int = 1, minibatches: int = 2, seed: int = 0, threads: int | None = None,
-                out_dir: Path, stop_at_eos: bool = False, warmup: int = 1,
+                out_dir: Path, stop_at_eos: bool = False, warmup: int = 1, bf16: bool = False,
                 progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """`warmup` + `updates` PPO updates of `batch_size` prompts in TRL; times, phases, rewards of the last `updates`.
 
@@ -251,18 +254,21 @@ def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_
                          f"one batch of prompts (got {len(prompts)}), updates and epochs >= 1, warmup >= 0")
     version, config_cls, trainer_cls = _import_trl()
     seed_and_threads(seed, threads)  # the seed: the value head's initialisation
+    if bf16:  # TRL's PPO builds its Accelerator without mixed_precision: accelerate reads it from here
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"  # this peer's own subprocess
     tokenizer = load_tokenizer(actor_path)
     clock = Clock()
     trainer = trainer_cls(
         args=_ppo_config(config_cls, Path(out_dir), batch_size=batch_size, max_new_tokens=max_new_tokens,
                          updates=warmup + updates, epochs=epochs, minibatches=minibatches, seed=seed,
-                         stop_at_eos=stop_at_eos),
+                         stop_at_eos=stop_at_eos, bf16=bf16),
         processing_class=tokenizer, train_dataset=_prompt_dataset(tokenizer, prompts),
         callbacks=[_UpdateTimer(clock, progress)], **_load_models(actor_path, reward_path, tokenizer.pad_token_id))
     train_timed(trainer, lambda t: _attach_hooks(t, clock))
     settings = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "epochs": epochs,
                 "minibatches": minibatches, "seed": seed, "threads": torch.get_num_threads(),
-                "stop_at_eos": stop_at_eos, "pad_token": tokenizer.pad_token, "warmup": warmup}
+                "stop_at_eos": stop_at_eos, "pad_token": tokenizer.pad_token, "warmup": warmup,
+                "dtype": "bfloat16" if bf16 else "float32", "mixed_precision": trainer.accelerator.mixed_precision}
     return summary(clock.records, version, settings)
 
 
@@ -324,6 +330,9 @@ def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--source", default="sentiment-prompts", help="prompt source, as colocate's data.source")
     p.add_argument("--stop-at-eos", action="store_true", help="end responses at EOS (default: full length)")
+    p.add_argument("--bf16", action="store_true",
+                   help="compute in bfloat16 (TRL's bf16=True: autocast over float32 weights), as colocate's trainer "
+                        "does with models.dtype=bfloat16 (default: float32)")
     p.add_argument("--out", required=True, type=Path, help=f"folder for {RESULT_NAME}")
     return p
 
@@ -356,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli("trl_ppo", a, lambda progress: run_trl_ppo(
         a.actor, a.reward, prompts, batch_size=a.batch, max_new_tokens=a.new_tokens, updates=a.updates,
         epochs=a.epochs, minibatches=a.minibatches, seed=a.seed, threads=a.threads, out_dir=a.out,
-        stop_at_eos=a.stop_at_eos, warmup=a.warmup, progress=progress))
+        stop_at_eos=a.stop_at_eos, warmup=a.warmup, bf16=a.bf16, progress=progress))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_two_updates_on_tiny_models(tmp_path, tiny_actor_path, tiny_rm_path):
     assert importlib.util.find_spec("trl.experimental.ppo") is not None, "pip install 'colocate[bench]'"
     out = tmp_path / "trl"
     cmd = [sys.executable, "-m", MODULE, "--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "4",
-           "--new-tokens", "8", "--updates", "2", "--threads", "2", "--out", str(out)]
+           "--new-tokens", "8", "--updates", "2", "--threads", "2", "--out", str(out), "--bf16"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "trl_result.json").read_text())
@@ -43,6 +43,8 @@ def test_two_updates_on_tiny_models(tmp_path, tiny_actor_path, tiny_rm_path):
     for i, seconds in enumerate(result["update_seconds"]):  # the phases of an update add up to it
         assert sum(p[i] for p in result["phase_seconds"].values()) == pytest.approx(seconds, rel=1e-6)
     assert result["trl_version"] == "1.12.0" and result["settings"]["pad_token"] != "<|im_end|>"
+    # --bf16: TRL's PPO builds its own Accelerator; its forwards autocast in bf16 all the same
+    assert result["settings"]["dtype"] == "bfloat16" and result["settings"]["mixed_precision"] == "bf16"
 
 
 def test_missing_trl_is_one_line_with_the_install_hint(tmp_path, tiny_actor_path, tiny_rm_path):
@@ -60,7 +62,7 @@ def test_grpo_peer_two_updates_of_groups_on_tiny_models(tmp_path, tiny_actor_pat
     assert importlib.util.find_spec("trl") is not None, "pip install 'colocate[bench]'"
     out = tmp_path / "grpo"
     cmd = [sys.executable, "-m", GRPO, "--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "4",
-           "--group-size", "2", "--new-tokens", "8", "--updates", "2", "--threads", "2", "--out", str(out)]
+           "--group-size", "2", "--new-tokens", "8", "--updates", "2", "--threads", "2", "--out", str(out), "--bf16"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "trl_result.json").read_text())
@@ -80,6 +82,8 @@ def test_grpo_peer_two_updates_of_groups_on_tiny_models(tmp_path, tiny_actor_pat
     settings = result["settings"]
     assert settings["pad_token"] != "<|im_end|>" and settings["beta"] == 0.05  # colocate's default ppo.kl_coef
     assert (settings["batch_size"], settings["group_size"], settings["minibatches"]) == (4, 2, 2)
+    assert settings["bf16"] and settings["dtype"] == "bfloat16"  # --bf16: TRL's bf16=True, as colocate's bf16 trainer
+    assert settings["mixed_precision"] == "bf16"  # what accelerate autocasts the forwards in
 
 
 def test_grpo_peer_without_trl_is_one_line_with_the_install_hint(tmp_path, tiny_actor_path, tiny_rm_path):

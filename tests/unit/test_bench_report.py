@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from colocate.bench.report import contention_line, markdown, peer_ratio, summarize, uncontended
-from colocate.bench.suite import BenchOptions, _config, _peer_command, peer_group, peer_key, peer_shape
+from colocate.bench.suite import BenchOptions, _config, _peer_command, peer_dtype, peer_group, peer_key, peer_shape
 from colocate.bench.workloads import PRESETS, workload_overrides
 
 
@@ -76,6 +76,16 @@ def test_peer_line_flags_a_colocate_run_in_another_precision_than_the_float32_pe
     assert "NOT LIKE FOR LIKE: colocate's trainer computes in bfloat16, the TRL peer in float32" in flagged
 
 
+def test_peer_line_is_like_for_like_when_the_peer_computes_in_colocates_precision():
+    s = summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"])
+    peer = {**peer_ratio(s, {"batch_size": 8, "update_seconds": [8.0], "response_tokens": [64],
+                             "response_tokens_per_s": 8.0}), "trl_version": "1.12.0"}
+    both = markdown("short", s, {**peer, "colocate_dtype": "bfloat16", "trl_dtype": "bfloat16"}, {})
+    assert "NOT LIKE FOR LIKE" not in both and "; both in bfloat16" in both
+    forced = markdown("short", s, {**peer, "colocate_dtype": "float32", "trl_dtype": "bfloat16"}, {})
+    assert "NOT LIKE FOR LIKE: colocate's trainer computes in float32, the TRL peer in bfloat16" in forced
+
+
 def test_reasoning_workload_stops_at_eos_on_reasoning_gym_prompts_with_a_long_cap():
     for name, preset in PRESETS.items():
         assert "reasoning" in preset.workloads
@@ -114,6 +124,10 @@ def test_a_critic_free_workload_gets_the_grpo_peer_with_its_group_size():
     assert cmd[cmd.index("--beta") + 1] == "0.05" and cmd[-1] == "--stop-at-eos"
     ppo = _peer_command("a", "r", PRESETS["quick"], Path("o"), 64, False, 1, 2, "sentiment-prompts", 0, 0.05)
     assert ppo[2] == "colocate.bench.peers.trl_ppo" and "--group-size" not in ppo and "--beta" not in ppo
+    assert "--bf16" not in cmd + ppo  # float32 unless colocate's trainer computes in bfloat16
+    bf16 = _peer_command("a", "r", PRESETS["quick"], Path("o"), 64, True, 1, 2, "sentiment-prompts", 4, 0.05, "bfloat16")
+    assert bf16[-1] == "--bf16" and bf16[:-1] == cmd
+    assert (peer_dtype("bfloat16"), peer_dtype("float32"), peer_dtype("float16")) == ("bfloat16", "float32", "float32")
 
 
 def test_peer_line_names_the_trl_trainer():
