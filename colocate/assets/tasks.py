@@ -30,6 +30,7 @@ from typing import Any
 
 import vader
 
+from colocate.assets.data_files import library_errors_held, not_utf8
 from colocate.errors import ConfigError, cause_line
 
 FIELD = "data.source"
@@ -37,6 +38,7 @@ SENTIMENT_SOURCE = "sentiment-prompts"
 REASONING_GYM_PREFIX = "reasoning-gym:"
 HF_PREFIX = "hf:"
 DATASET_FILES = {".parquet": "parquet", ".json": "json", ".csv": "csv"}  # suffix -> datasets' loader (.jsonl: ours)
+TEXT_FILES = (".json", ".csv")  # of those, the ones that must be UTF-8 text
 SENTIMENT_DATA = "data/sentiment_prompts.json"
 REASONING_GYM_DEFAULT_SIZE = 1000
 ANSWER_INSTRUCTION = "Give only the final answer, between <answer> and </answer>."
@@ -109,10 +111,12 @@ def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0, *, prom
                   answer_key: str = "") -> list[Prompt]:
     """Prompts from a .jsonl file, one JSON object per line whose `prompt_key` holds text or chat
     messages; meta is the record (with `answer_key`'s value also under "answer")."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    try:  # lines end at \n only (JSON text may hold U+2028 and other line breaks); a byte-order mark is skipped
+        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
     except OSError as exc:
         raise ConfigError(f"{FIELD}: cannot read prompt file {path} ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(_not_utf8(path, not_utf8(path))) from None
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -121,7 +125,10 @@ def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0, *, prom
             record = json.loads(line)
         except ValueError:
             raise ConfigError(f"{FIELD}: {path} line {number} is not valid JSON") from None
-        if not isinstance(record, dict) or prompt_key not in record:
+        if not isinstance(record, dict):
+            raise ConfigError(f'{FIELD}: {path} line {number} is {_a(record)}, not a JSON object with a "{prompt_key}" '
+                              "field (data.prompt_key)")
+        if prompt_key not in record:
             raise ConfigError(f'{FIELD}: {path} line {number} has no "{prompt_key}" field (data.prompt_key)')
         prompts.append(_row_prompt(record, f"line {number} of {path}", prompt_key, answer_key))
     return _shuffled_head(prompts, n, seed)
@@ -169,7 +176,8 @@ def _dataset(spec: str, split: str) -> Any:  # a datasets.Dataset
         if not path.is_file():
             raise ConfigError(f"{FIELD}: no such file {spec}")
         one = _loaded(spec, lambda: datasets.load_dataset(DATASET_FILES[path.suffix.lower()], data_files=str(path),
-                                                          split="train"))
+                                                          split="train"),
+                      text_file=path if path.suffix.lower() in TEXT_FILES else None)
     else:
         raise ConfigError(f"{FIELD}: no such folder {spec}")
     _one_table(spec, split)
@@ -182,14 +190,26 @@ def _one_table(spec: str, split: str) -> None:
         raise ConfigError(f"data.split {split!r}: {spec} holds one table, not splits; leave data.split unset")
 
 
-def _loaded(spec: str, load: Callable[[], Any], hint: str = "") -> Any:
+def _loaded(spec: str, load: Callable[[], Any], hint: str = "", text_file: Path | None = None) -> Any:
     """`load()`, whose failure (datasets raises many kinds: ConnectionError offline, a missing
-    config or split, a malformed file) is one line naming `data.source`."""
+    config or split, a malformed file) is one line naming `data.source` and the cause (not
+    datasets' "An error occurred while generating the dataset"), without datasets' own
+    error lines; `text_file` (a .json/.csv): one that is not UTF-8 is said so, and where."""
     try:
-        return load()
+        with library_errors_held("datasets"):
+            return load()
     except Exception as exc:  # noqa: BLE001 - any failure deep inside datasets becomes one line
-        why = cause_line(exc, 300) or type(exc).__name__
+        where = not_utf8(text_file) if text_file is not None else ""
+        if where:
+            raise ConfigError(_not_utf8(spec, where)) from None
+        wrapped = type(exc).__name__ == "DatasetGenerationError" and exc.__cause__ is not None
+        why = cause_line(exc.__cause__ if wrapped else exc, 300) or type(exc).__name__
         raise ConfigError(f"{FIELD}: cannot load {spec}: {why}{hint}") from None
+
+
+def _not_utf8(spec: str | Path, where: str) -> str:
+    """The refusal of a data file that is not UTF-8 (``where``: its first such byte, ``not_utf8``) and the fix."""
+    return f"{FIELD}: {spec} is not UTF-8: {where}; save the file as UTF-8"
 
 
 def _row_prompt(row: Mapping[str, Any], where: str, prompt_key: str, answer_key: str) -> Prompt:
