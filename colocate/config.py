@@ -177,7 +177,9 @@ class EnginesConfig:
     # GPU (1, the default); n > 1: the first rank of every n ranks of a node runs an n-way
     # tensor-parallel engine over those GPUs and the others only train.
     tp_size: int = 1
-    attention_backend: str = ""  # SGLang's attention kernels ("": torch_native on CPU, SGLang's pick on GPU)
+    # SGLang's attention kernels ("": torch_native on CPU; on CUDA SGLang's pick where its
+    # compiled kernels (sgl_kernel) are installed, else triton: engine_config.default_attention_backend)
+    attention_backend: str = ""
     cuda_graph: bool = True  # CUDA: decode with CUDA graphs (false: SGLang's disable_cuda_graph; CPU: always off)
     # SGLang's own arguments (its ServerArgs, verl's engine_kwargs.sglang) for both engines, e.g.
     # {sampling_backend: pytorch}; checked against the installed SGLang when an engine starts

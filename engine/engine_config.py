@@ -4,7 +4,9 @@ Owns: :class:`EngineConfig` (frozen, hashable and JSON-safe: a pool takes engine
 config, a feeder process gets it as JSON), SGLang's own arguments frozen into sorted
 ``(name, value)`` pairs (:func:`frozen_server_args`), and the keyword arguments of
 SGLang's ``ServerArgs`` built from a config on a device (``_server_kwargs``: what colocate
-decides, the CPU defaults, SGLang's own arguments passed last).
+decides, the CPU defaults, SGLang's own arguments passed last), and the attention backend
+an engine gets when its config names none (:func:`default_attention_backend`, from whether
+SGLang's compiled CUDA kernels are installed: :func:`compiled_cuda_kernels`).
 
 Leaves out: starting and driving the engine (``engine.runtime``); the checks of a config
 and of SGLang's own arguments (``engine.start_checks``); SGLang imports
@@ -14,6 +16,8 @@ and of SGLang's own arguments (``engine.start_checks``); SGLang imports
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -39,7 +43,7 @@ class EngineConfig:
     mem_fraction_static: float = 0.3  # GPU memory share for weights + KV (GPU only)
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
-    attention_backend: str | None = None  # None: torch_native on CPU, SGLang's pick on GPU
+    attention_backend: str | None = None  # None: default_attention_backend (CPU: torch_native)
     log_level: str = "error"  # SGLang's; debug or info also keep its weight-loading progress bars
     enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
     # GPU: keep a host copy of the weights while they are released, so they come back with
@@ -95,7 +99,36 @@ def _thawed(value: Any) -> Any:
     return [_thawed(v) for v in value] if isinstance(value, tuple) else value
 
 
-def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
+def default_attention_backend(device: str, compiled_kernels: bool) -> str | None:
+    """The attention backend of an engine whose config names none (None: SGLang's own pick).
+
+    CPU: ``torch_native``. CUDA with SGLang's compiled kernels installed: SGLang's pick
+    (0.5.23, ``get_default_attn_backend``: fa3 on Hopper, from sgl_kernel's flash-attention
+    ops; trtllm_mha on Blackwell; else flashinfer where importable, else triton). CUDA
+    without them (the GPU kit of scripts/gpu_kit, whose sgl_kernel is a pure-Python
+    stand-in): ``triton``, SGLang's own Triton kernels, which need nothing compiled ahead
+    (SGLang's pick would be fa3 on a Hopper card, which needs the missing kernels)."""
+    if device == "cpu":
+        return "torch_native"
+    return None if compiled_kernels else "triton"
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_cuda_kernels() -> bool:
+    """Whether SGLang's compiled CUDA kernels are installed: an ``sgl_kernel`` package holding
+    compiled extension modules (``*.so``; the GPU kit's stand-in holds only Python). Found
+    with ``importlib.util.find_spec``: nothing of SGLang is imported."""
+    try:
+        spec = importlib.util.find_spec("sgl_kernel")
+    except (ImportError, ValueError):
+        return False
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(next(Path(folder).rglob("*.so"), None) is not None for folder in folders)
+
+
+def _server_kwargs(cfg: EngineConfig, device: str, compiled_kernels: bool | None = None) -> dict[str, Any]:
+    """SGLang's ``ServerArgs`` keywords of ``cfg`` on ``device``; ``compiled_kernels`` (None:
+    :func:`compiled_cuda_kernels`) picks the CUDA attention backend when ``cfg`` names none."""
     kw: dict[str, Any] = dict(
         model_path=str(Path(cfg.model_path).expanduser()),
         device=device,
@@ -125,7 +158,7 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         if backend:
             kw["lora_backend"] = backend
     if device == "cpu":
-        kw["attention_backend"] = cfg.attention_backend or "torch_native"
+        kw["attention_backend"] = cfg.attention_backend or default_attention_backend("cpu", False)
         # CPU: SGLang budgets the KV pool as (RAM free after loading) - (1 - f) x (RAM free
         # before), so loading may take at most f of the free RAM; 0.05 failed once other
         # processes had taken RAM (SmolLM2 needed 0.056). The pool itself is max_total_tokens.
@@ -138,8 +171,8 @@ def _server_kwargs(cfg: EngineConfig, device: str) -> dict[str, Any]:
         kw["enable_weights_cpu_backup"] = cfg.enable_memory_saver and cfg.weights_cpu_backup
         kw["base_gpu_id"] = cfg.base_gpu_id
         kw["tp_size"] = cfg.tp_size
-        if cfg.attention_backend:
-            kw["attention_backend"] = cfg.attention_backend
+        compiled = compiled_cuda_kernels() if compiled_kernels is None else compiled_kernels
+        kw["attention_backend"] = cfg.attention_backend or default_attention_backend(device, compiled)
         if not cfg.cuda_graph:
             kw["disable_cuda_graph"] = True
     kw = {k: v for k, v in kw.items() if v is not None}

@@ -6,8 +6,8 @@
 #      (tensor list, flattened bucket), greedy tokens against HF on pushed weights;
 #   2. python -m colocate.bench.loop_check: SmolLM2-shaped random actor + small random
 #      reward model, 3 steps each of sequential, oppo, inter, GRPO, LoRA, multi-turn
-#      (one process, engines kept across parts), with the attention backend the probe
-#      found working; per step: phase seconds, gpu/* memory at each sleep and wake, sync.
+#      (one process, engines kept across parts), with the attention backend colocate's own
+#      rule gives (engine_config.default_attention_backend: triton on the kit); per step: phase seconds, gpu/* memory at each sleep and wake, sync.
 # What comes back ($OUT, refreshed every 15 s so a cut-off run still reports): log.txt,
 # probe.json, summary.json, runs.tgz (each part's metrics.jsonl and config.json).
 #
@@ -67,23 +67,15 @@ timeout $(( $(left) > PROBE_S ? PROBE_S : ($(left) > 30 ? $(left) : 30) )) \
   python3 scripts/gpu_probe.py --device "$DEVICE" --shape "$SHAPE" --backends "$BACKENDS" --out "$OUT" \
   --work "$W/probe-models"
 echo "probe rc $?"
-# the attention backend for the loop: triton where the probe generated with it and its
-# greedy tokens matched HF's for 16+ tokens of every prompt, or differed first at a near-tie
-# (HF's margin there under 2 % of the logits' spread: bf16 rounding picks either), else torch_native
-ATTN=$(python3 - "$OUT/probe.json" <<'EOF'
-import json, sys
-try:
-    steps = {s["step"]: s for s in json.load(open(sys.argv[1]))["steps"]}
-except (OSError, ValueError, KeyError):
-    steps = {}
-hf = steps.get("triton:hf_greedy_model_b", {})
-tie = lambda r: r["equal_prefix"] >= 16 or r.get("hf_margin_at_first_difference", 1.0) <= 0.02 * r.get("logit_std", 0.0)
-print("triton" if hf.get("ok") and all(tie(r) for r in hf["rows"]) else "torch_native")
-EOF
-)
 fi
+# the loop's attention backend: colocate's own rule, as a run on this machine gets it
+# (engine_config.default_attention_backend: triton on the kit, SGLang's pick with its compiled
+# kernels, torch_native on CPU); the probe above reports both backends, it does not choose
+ATTN=${ATTN:-$(python3 -c "from colocate.engine.engine_config import compiled_cuda_kernels, default_attention_backend
+print(default_attention_backend('$DEVICE', compiled_cuda_kernels()) or 'sglang-pick')")}
 echo "== loop check, attention $ATTN ($(left) s left)"
-ENG=(--set engines.attention_backend="$ATTN" --set engines.log_level=warning)
+ENG=(--set engines.log_level=warning)
+[ "$ATTN" = sglang-pick ] || ENG+=(--set engines.attention_backend="$ATTN")
 [ "$DEVICE" = cuda ] && ENG+=(--set engines.cuda_graph=false --set engines.sglang.sampling_backend=pytorch
                              --set engines.sglang.bf16_gemm_backend=torch)
 (while sleep 15; do pack; done) & PACKER=$!

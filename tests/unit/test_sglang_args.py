@@ -12,7 +12,8 @@ import pytest
 from colocate.config import from_dict, load_config, to_dict
 from colocate.engine import sglang_api
 from colocate.engine.errors import EngineConfigError
-from colocate.engine.engine_config import EngineConfig, _server_kwargs
+from colocate.engine.engine_config import (EngineConfig, _server_kwargs, compiled_cuda_kernels,
+                                            default_attention_backend)
 from colocate.engine.start_checks import OWN_SERVER_ARGS, check_server_args
 from colocate.errors import CONFIG_ERRORS, ConfigError
 from colocate.run import builder
@@ -77,10 +78,50 @@ def test_both_engines_get_the_arguments_last_and_colocate_decides_the_rest():
         assert kw["disable_cuda_graph"] is True and kw["attention_backend"] == "triton"
     default = builder.engine_configs(load_config(overrides=["engines.device=cuda"]), "/m/actor", "/m/rm")[0]
     assert "disable_cuda_graph" not in _server_kwargs(default, "cuda")
-    assert "attention_backend" not in _server_kwargs(default, "cuda")  # SGLang's pick
+    assert "attention_backend" not in _server_kwargs(default, "cuda", compiled_kernels=True)  # SGLang's pick
     cpu = builder.engine_configs(load_config(overrides=["engines.device=cpu"]), "/m/actor", "/m/rm")[0]
     assert _server_kwargs(cpu, "cpu")["attention_backend"] == "torch_native"
     assert _server_kwargs(cpu, "cpu")["disable_cuda_graph"] is True
+
+
+def test_unset_attention_backend_is_sglangs_pick_with_its_kernels_triton_without_torch_native_on_cpu():
+    """Issue 53 item 2: SGLang's pick (fa3 on a Hopper card) needs its compiled kernels; the
+    GPU kit has none, and its probe-free choice there is triton; torch_native only on CPU."""
+    assert default_attention_backend("cuda", compiled_kernels=True) is None
+    assert default_attention_backend("cuda", compiled_kernels=False) == "triton"
+    assert default_attention_backend("cpu", compiled_kernels=True) == "torch_native"
+    assert default_attention_backend("cpu", compiled_kernels=False) == "torch_native"
+    unset = builder.engine_configs(load_config(overrides=["engines.device=cuda"]), "/m/actor", "/m/rm")
+    for engine in unset:
+        assert _server_kwargs(engine, "cuda", compiled_kernels=False)["attention_backend"] == "triton"
+        assert "attention_backend" not in _server_kwargs(engine, "cuda", compiled_kernels=True)
+    named = builder.engine_configs(load_config(overrides=["engines.device=cuda", "engines.attention_backend=fa3"]),
+                                   "/m/actor", "/m/rm")[0]
+    assert _server_kwargs(named, "cuda", compiled_kernels=False)["attention_backend"] == "fa3"  # a named one wins
+    # detected, not passed: this machine has no sgl_kernel, so the CUDA engine gets triton
+    assert compiled_cuda_kernels() is False
+    assert _server_kwargs(unset[0], "cuda")["attention_backend"] == "triton"
+
+
+def test_compiled_kernels_are_found_by_their_extension_modules_not_by_the_package_name(tmp_path, monkeypatch):
+    """The kit's stand-in sgl_kernel (pure Python) is not SGLang's kernels; a package holding
+    a compiled extension module (``*.so``, also in a subfolder such as sgl_kernel/sm90) is."""
+    from colocate.engine import engine_config
+
+    fake = tmp_path / "sgl_kernel"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("IS_COLOCATE_CUDA_PROBE_STANDIN = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine_config.compiled_cuda_kernels.cache_clear()
+    try:
+        assert engine_config.compiled_cuda_kernels() is False
+        (fake / "sm90").mkdir()
+        (fake / "sm90" / "common_ops.abi3.so").write_bytes(b"")
+        engine_config.compiled_cuda_kernels.cache_clear()
+        assert engine_config.compiled_cuda_kernels() is True
+        assert "sgl_kernel" not in __import__("sys").modules  # found, never imported
+    finally:
+        engine_config.compiled_cuda_kernels.cache_clear()
 
 
 def test_engine_config_is_hashable_equal_by_content_and_survives_json():
