@@ -119,7 +119,9 @@ def configs(conv: ConvergenceOptions, base_overrides: Sequence[str], out: Path) 
     def config(name: str, *extra: str):
         return load_config(overrides=[
             *base_overrides, f"run.out_dir={out / f'convergence-{name}'}", f"run.steps={conv.steps}",
-            f"run.eval_every={conv.eval_every}", "run.save_every=0", *extra])
+            f"run.eval_every={conv.eval_every}", "run.save_every=0",
+            "run.overwrite_out_dir=true",  # the bench's own folder: a rerun into the same --out replaces the run
+            *extra])
 
     runs = {mode: config(mode, f"overlap.mode={mode}") for mode in conv.modes}
     for name, extra in conv.variants:
@@ -134,7 +136,7 @@ def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None], name: 
     from colocate.run import builder, loop
     from colocate.monitor.metrics import read
 
-    session = builder.build(cfg, log=lambda m: None)
+    session = builder.build(cfg, log=lambda m: None, claim=True)  # the run's folder held, as colocate train's
     tracker = _LoadTracker(guard)
     try:
         loop.train(session, callbacks=[tracker], progress=lambda r: log(

@@ -120,7 +120,9 @@ def run_parts(names: list[str], common: list[str], out: Path, pool, report: dict
         print(f"== part {name} ({left:.0f} s left)", flush=True)
         steps = [f"run.steps={part_steps[name]}"] if name in part_steps else []
         try:
-            report["parts"][name] = part = run_part([*common, f"run.out_dir={out / name}", *parts[name], *steps], pool)
+            # a part's folder is the loop check's own: a rerun into the same --out replaces that part's run
+            report["parts"][name] = part = run_part([*common, f"run.out_dir={out / name}", "run.overwrite_out_dir=true",
+                                                     *parts[name], *steps], pool)
         except KeyboardInterrupt:  # stopped from outside (a deadline's SIGTERM): the steps it finished
             done = out / name / "metrics.jsonl"
             lines = done.read_text().splitlines() if done.exists() else []

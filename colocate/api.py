@@ -135,7 +135,8 @@ def generate(model: str | Path, prompts: Sequence[str], log: Callable[[str], Non
 def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env: Environment | None = None):
     """What ``train`` (on ``nproc`` processes of this node) checks before its first engine
     starts, run alone, no engine started (``colocate train --check``): the config against
-    ``resume``'s run, the models, the reward functions, the prompts loaded and tokenized
+    ``resume``'s run, the run folder (no earlier run's records, no other run in it), the
+    models, the reward functions, the prompts loaded and tokenized
     (``data.max_prompt_tokens``), prompt + budget against each engine's context. Raises the
     run's one-line error; returns a ``colocate.run.dry_run.CheckReport`` (``describe()``)."""
     from colocate.run import dry_run  # here, not at the top: it brings torch and transformers
@@ -144,7 +145,7 @@ def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env:
         from colocate.run.resume import check_resume
 
         check_resume(cfg, resume, lambda m: None)
-    return dry_run.check(cfg, nproc=nproc, env=env)
+    return dry_run.check(cfg, nproc=nproc, env=env, resume=resume)
 
 
 def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[Callable] = (),
@@ -154,7 +155,10 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     model's own turns; a ``messages`` parameter gets the trajectory as chat messages;
     ``colocate.rollout.reward_fns``) add to the reward model's score (or replace it with
     ``reward.kind=rule``); ``callbacks`` get each step's
-    metrics. ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
+    metrics. ``run.out_dir`` must not hold an earlier run's records (``colocate.run.run_folder``:
+    refused in one line) unless ``resume`` continues it or ``run.overwrite_out_dir`` replaces
+    them, and is held for the run (a second run on it meanwhile is refused).
+    ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
     keep that run's models and data (``colocate.run.resume.FIXED``;
     ``colocate.run.resume.load_run_config`` gives the run's own config). ``engines``: an
     :class:`EnginePool` kept across several runs of this process; a run on the same models
@@ -171,7 +175,8 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         from colocate.run.resume import check_resume  # here, not at the top: it brings torch
 
         check_resume(cfg, resume, log)  # before any engine starts
-    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env)
+    # rank 0 holds run.out_dir for the run: one line if it holds an earlier run or another run holds it
+    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env, claim=True)
     stop = StopRequest()
     progress = None
     try:

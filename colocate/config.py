@@ -249,6 +249,9 @@ class RunConfig:
     steps: int = 20
     seed: int = 0
     out_dir: str = "runs/default"
+    # a folder that holds an earlier run's records is refused unless --resume continues it;
+    # true: remove those records first (HF's overwrite_output_dir; colocate/run/run_folder.py)
+    overwrite_out_dir: bool = False
     save_every: int = 5
     keep_checkpoints: int = 2
     train_threads: int = 0  # torch intra-op threads for training; 0: all cores

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from colocate.assets import tasks
-from colocate.run import timesharing, tp_exchange
+from colocate.run import run_folder, timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
 from colocate.engine.pool import EnginePool
@@ -293,11 +293,13 @@ def _quiet(message: str) -> None:
 
 def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence[RewardFn] = (),
           log: Callable[[str], None] = print, engines: EnginePool | None = None,
-          env: Environment | None = None) -> Session:
+          env: Environment | None = None, claim: bool = False) -> Session:
     """The session of a run on this rank: checks, engines (started, or taken from
     ``engines``, a pool kept across runs), trainer, data, rollout phase; ``resume`` a run
     folder or checkpoint to continue from; ``env`` the environment of multi-turn
-    trajectories (else ``rollout.env``'s, if set)."""
+    trajectories (else ``rollout.env``'s, if set). ``claim``: rank 0 holds ``run.out_dir``
+    for the session's life, refused in one line before any engine starts when it holds an
+    earlier run or another run holds it (``colocate.run.run_folder``; ``api.train``'s)."""
     check_available(cfg.run)  # before anything starts
     env = environment(cfg, env)
     torch.manual_seed(cfg.run.seed)
@@ -310,6 +312,20 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
                              visible_gpus=torch.cuda.device_count() if dist.device.type == "cuda" else 0)
     if dist.rank != 0:
         log = _quiet  # rank 0 speaks for the run
+    folder = run_folder.claim(cfg, resume, log) if claim and dist.rank == 0 else None  # rank 0 writes it
+    try:
+        return _build(cfg, dist, placement, resume, reward_fns, log, engines, env, folder)
+    except BaseException:
+        if folder is not None:
+            folder.release()
+        raise
+
+
+def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, reward_fns: Sequence[RewardFn],
+           log: Callable[[str], None], engines: EnginePool | None, env: Environment | None,
+           folder: run_folder.RunFolder | None) -> Session:
+    """`build` after the process group (and the run folder) are set up."""
+    device = dist.device.type
     inputs = start_inputs(cfg, env, placement, dist.world_size, reward_fns)
     tokenizer, actor_cfg, reward_cfg = inputs.tokenizer, inputs.actor_cfg, inputs.reward_cfg
     share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
@@ -349,7 +365,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         data = DataSource(inputs.prompts, cfg.rollout, cfg.run.seed, placement.engine_rank, placement.engine_ranks,
                           eval_prompts=inputs.eval_prompts)
         context = RunContext(tokenizer, out_dir, log, fns, reward_errors, timeline,
-                             rollouts_for if placement.hosts_engines else None)
+                             rollouts_for if placement.hosts_engines else None, folder)
         session = Session(cfg, dist, trainer, hosted, data, rollouts, RunState(kl_ctl), context)
         hosted.sharing = timesharing.TimeSharing(
             [actor, reward], trainer, log, device_push=dist.device.type == "cuda", barrier=barrier,

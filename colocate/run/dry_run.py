@@ -1,7 +1,8 @@
 """``colocate train --check``: every check a run makes before its first engine starts,
 and nothing else.
 
-Owns: :func:`check` (the config's environment, the device's choices, then
+Owns: :func:`check` (the config's environment, the device's choices, the run folder
+(``colocate.run.run_folder``: no earlier run's records, no other run holding it), then
 ``builder.start_inputs`` — models, remote code, world size, reward functions, prompts
 loaded and tokenized against ``data.max_prompt_tokens``, prompt + budget against each
 engine's context and KV pool — for rank 0 of ``--nproc`` processes on one node) and its
@@ -22,6 +23,7 @@ from colocate.config import Config
 from colocate.monitor.wandb_log import check_available
 from colocate.rollout.env import Environment
 from colocate.run.builder import check_device_choices, environment, run_device, start_inputs
+from colocate.run import run_folder
 from colocate.run.placement import Placement
 
 
@@ -46,14 +48,16 @@ class CheckReport:
         return line + "".join(f"; {u}" for u in self.unchecked)
 
 
-def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None) -> CheckReport:
+def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None, resume=None) -> CheckReport:
     """The checks ``builder.build`` makes before an engine starts, for rank 0 of ``nproc``
     processes on this node, with no engine, trainer or process group started; each refusal
-    is the same one line a run gives. ``env``: the API's environment (else ``rollout.env``'s)."""
+    is the same one line a run gives. ``env``: the API's environment (else ``rollout.env``'s);
+    ``resume``: the run folder or checkpoint the run would continue."""
     check_available(cfg.run)
     env = environment(cfg, env)
     device = run_device(cfg)
     check_device_choices(cfg, device)
+    run_folder.check(cfg, resume)  # an earlier run's records, another run holding the folder
     placement = Placement(world=nproc, local_world=nproc, tp_size=cfg.engines.tp_size,
                           visible_gpus=torch.cuda.device_count() if device == "cuda" else 0)
     inputs = start_inputs(cfg, env, placement, nproc, build_models=False)

@@ -39,6 +39,7 @@ from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollouts import Rollouts
 from colocate.run.resume import check_checkpoint
+from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
 from colocate.rollout.rollout_phase import Prompt
 from colocate.assets.tasks import chat_prompt_ids
@@ -72,9 +73,10 @@ class RunState:
 @dataclasses.dataclass
 class RunContext:
     """What the run reads and writes: the actor's tokenizer, the reward functions (and their
-    error count, ``reward.on_error=zero``), the run folder, the log, rank 0's rollout
-    timeline (``run.timeline``) and how a rollout phase is built for a config on this
-    rank's engines (``builder.make_rollouts``; None without engines)."""
+    error count, ``reward.on_error=zero``), the run folder (and its hold,
+    ``colocate.run.run_folder``), the log, rank 0's rollout timeline (``run.timeline``) and
+    how a rollout phase is built for a config on this rank's engines
+    (``builder.make_rollouts``; None without engines)."""
 
     tokenizer: PreTrainedTokenizerBase
     out_dir: Path
@@ -83,6 +85,7 @@ class RunContext:
     reward_errors: RewardFnErrors = dataclasses.field(default_factory=RewardFnErrors)
     timeline: Timeline | None = None
     rollouts_for: Callable[[Config], Rollouts] | None = None
+    folder: RunFolder | None = None  # the run folder held for the run (rank 0 of api.train), let go at close
 
 
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
@@ -357,6 +360,10 @@ class Session:
     def close(self) -> None:
         """End the run's rollout phase and hand the engines back (shut down, or kept by
         the pool they came from)."""
-        if self.rollouts is not None:
-            self.rollouts.close()
-        self.engines.close()
+        try:
+            if self.rollouts is not None:
+                self.rollouts.close()
+            self.engines.close()
+        finally:
+            if self.run.folder is not None:
+                self.run.folder.release()

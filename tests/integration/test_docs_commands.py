@@ -100,7 +100,8 @@ def docs_dir(tmp_path_factory):
     from colocate.run import checkpoint
 
     root = tmp_path_factory.mktemp("docs")
-    printed = CliRunner().invoke(main, ["train", "--print-config"])
+    # the docs' my.yaml (docs/config.md) names run.out_dir runs/oppo, the run `--resume runs/oppo` continues with it
+    printed = CliRunner().invoke(main, ["train", "--print-config", "--set", "run.out_dir=runs/oppo"])
     assert printed.exit_code == 0, printed.output
     (root / "my.yaml").write_text(printed.output)
     for name in ("default", "oppo", "lora", "sums"):  # a run folder: its config and a checkpoint at step 10
@@ -169,7 +170,10 @@ def _train(args: list[str], out: str | None, command: str) -> None:
             assert to_dict(load_config(out)) == to_dict(load_config(None, sets))
         return
     assert out is None
-    result = CliRunner().invoke(main, [*args, "--check"])
+    # each example is a run of its own: the earlier runs in docs_dir's runs/ are not its (a new run there
+    # is refused, colocate.run.run_folder); checked as on a machine without them
+    fresh = [] if "--resume" in args else ["--set", "run.overwrite_out_dir=true"]
+    result = CliRunner().invoke(main, [*args, *fresh, "--check"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("check ok:"), result.output
 
@@ -201,7 +205,7 @@ def test_check_refuses_what_the_run_refuses(docs_dir, monkeypatch):
     monkeypatch.chdir(docs_dir)
     result = CliRunner().invoke(main, ["train", "--set", "data.source=reasoning-gym:gsm_symbolic", "--set",
                                        "reward.kind=rule", "--set", "reward.rule=reasoning-gym", "--set",
-                                       "rollout.env=calculator", "--check"])
+                                       "rollout.env=calculator", "--set", "run.out_dir=runs/calculator", "--check"])
     assert result.exit_code == 2
     assert "tokens > data.max_prompt_tokens 96" in result.output and "Traceback" not in result.output
 
