@@ -60,6 +60,12 @@ class Prompt:
     text: str
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     messages: Messages = ()
+    where: str = ""  # a dataset's row: "line 7 of prompts.jsonl", "row 7 of hf:..."; "" for generated prompts
+
+    @property
+    def contents(self) -> tuple[str, ...]:
+        """The texts that are chat-formatted: each message's content, else the text."""
+        return tuple(m["content"] for m in self.messages) or (self.text,)
 
     @property
     def chat(self) -> str | Messages:
@@ -227,7 +233,7 @@ def _row_prompt(row: Mapping[str, Any], where: str, prompt_key: str, answer_key:
         if row.get(answer_key) is None:
             raise ConfigError(f"data: {where}: {answer_key!r} (data.answer_key) is missing")
         meta["answer"] = row[answer_key]
-    return Prompt(value, meta, messages)
+    return Prompt(value, meta, messages, where)
 
 
 def _messages(value: Sequence[Any], where: str, key: str) -> Messages:

@@ -42,6 +42,7 @@ from colocate.run.resume import check_checkpoint
 from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
 from colocate.rollout.rollout_phase import Prompt
+from colocate.assets.prompt_chars import JOINED, CharLimit, char_limit
 from colocate.assets.tasks import chat_prompt_ids
 from colocate.trainer.distributed import DistInfo, all_gather_object
 from colocate.trainer.kl_control import KLController
@@ -91,22 +92,38 @@ class RunContext:
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
     """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
     messages); prompts longer than ``max_tokens``, or messages the chat template refuses, are
-    refused in one line."""
-    out = []
+    refused in one line naming the row, one with more characters than that many tokens can
+    hold before it is tokenized (``colocate.assets.prompt_chars``)."""
+    out, limit = [], char_limit(tokenizer, max_tokens)
     for i, prompt in enumerate(prompts):
+        name = f"prompt {i}" + (f" ({prompt.where})" if prompt.where else "")
+        if limit is not None:
+            _check_chars(limit, name, prompt.contents)
         try:
             ids = chat_prompt_ids(tokenizer, prompt.chat)
         except TemplateError as exc:  # e.g. a template without a system turn, or strict user/assistant turns
             roles = ", ".join(m["role"] for m in prompt.messages) or "user"
             why = cause_line(exc, 300) or type(exc).__name__
-            raise ConfigError(f"data: prompt {i} (roles {roles}): the actor's chat template refuses it ({why}); "
+            where = f"{prompt.where}, " if prompt.where else ""
+            raise ConfigError(f"data: prompt {i} ({where}roles {roles}): the actor's chat template refuses it ({why}); "
                               "fix data.prompt_key's messages or use a model whose template takes them") from None
         if len(ids) > max_tokens:
             raise ConfigError(
-                f"data: prompt {i} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
+                f"data: {name} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
                 "raise data.max_prompt_tokens or shorten the prompt")
         out.append(Prompt(tuple(ids), dict(prompt.meta)))
     return out
+
+
+def _check_chars(limit: CharLimit, name: str, contents: Sequence[str]) -> None:
+    """Refuse a prompt whose characters are more than ``limit.max_tokens`` tokens can hold, untokenized."""
+    chars = limit.over(contents)
+    if chars:
+        raise ConfigError(
+            f"data: {name} has {chars} characters besides whitespace > {limit.chars} (data.max_prompt_tokens "
+            f"{limit.max_tokens} × {limit.per_token}, the longest token of the actor's tokenizer, × {JOINED}): more "
+            f"than {limit.max_tokens} tokens, refused before tokenizing; raise data.max_prompt_tokens or shorten the "
+            "prompt")
 
 
 def decode_text(tokenizer, ids: Sequence[int]) -> str:
