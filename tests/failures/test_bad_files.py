@@ -36,7 +36,8 @@ def library_errors():
 def _check(source: Path, actor: str):
     return CliRunner().invoke(main, [
         "train", "--set", f"models.actor={actor}", "--set", "reward.kind=rule", "--set", "reward.rule=vader",
-        "--set", "engines.device=cpu", "--set", f"data.source={source}", "--check"])
+        "--set", "engines.device=cpu", "--set", f"data.source={source}", "--set", f"run.out_dir={source}.run",
+        "--check"])
 
 
 def _refused(result, line: str, library_errors: list | None = None) -> None:

@@ -73,7 +73,8 @@ def test_visible_escapes_controls_and_keeps_what_the_layout_asks():
 
     assert visible("a\x1b[2Jb\tc\nd\r\ne\rf\x08\x7f\x9b\u202e") == "a\\x1b[2Jb\\tc\\nd\\r\\ne\\rf\\x08\\x7f\\x9b\\u202e"
     assert visible("a\tb\nc\r\nd\re", keep="\n\t") == "a\tb\nc\nd\\re"  # CRLF is a line end; a lone CR is not
-    assert visible("plain, ünïcödé, 漢字, emoji 👍 and a \\ backslash") == "plain, ünïcödé, 漢字, emoji 👍 and a \\ backslash"
+    plain = "plain, ünïcödé, 漢字, emoji 👍 and a \\ backslash"
+    assert visible(plain) == plain
 
 
 def test_show_through_click_prints_text_as_data(run_dir):
@@ -132,7 +133,8 @@ def test_an_error_quoting_a_dataset_is_one_visible_line(tmp_path, tiny_actor_pat
     data.write_text('"\x1b]0;pwned\x07",\x1b[2Jother\n1,2\n', encoding="utf-8")
     result = CliRunner().invoke(main, [
         "train", "--set", f"models.actor={tiny_actor_path}", "--set", "reward.kind=rule", "--set", "reward.rule=vader",
-        "--set", f"data.source={data}", "--set", "engines.device=cpu", "--check"])
+        "--set", f"data.source={data}", "--set", "engines.device=cpu", "--set", f"run.out_dir={tmp_path / 'run'}",
+        "--check"])
     assert result.exit_code == 2, result.output
     assert result.stderr == (f"error: data.prompt_key 'prompt' is not a column of {data}; its columns: "
                              "\\x1b]0;pwned\\x07, \\x1b[2Jother\n")

@@ -85,7 +85,8 @@ def test_a_50mb_prompt_is_refused_by_its_characters_in_well_under_a_second(tiny_
 def test_colocate_train_check_refuses_a_50mb_prompt_in_one_line(tiny_actor_path, big):
     done = _child([sys.executable, "-m", "colocate.cli", "train", "--set", f"models.actor={tiny_actor_path}",
                    "--set", "reward.kind=rule", "--set", "reward.rule=vader", "--set", "engines.device=cpu",
-                   "--set", f"data.source={big}", "--set", "data.eval_prompts=0", "--check"])
+                   "--set", f"data.source={big}", "--set", "data.eval_prompts=0", "--set", f"run.out_dir={big}.run",
+                   "--check"])
     assert (done.returncode, done.stdout) == (2, ""), done.stderr[-2000:]
     assert done.stderr == f"error: {LINE.format(source=big, chars=CHARS)}\n"
 
