@@ -140,6 +140,13 @@ class PPOConfig:
     # else flex_attention; else sdpa), sdpa (per packed sequence), flex_attention (CUDA: one
     # BlockMask kernel per layer)
     attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2"] = "auto"
+    # the train/inference mismatch correction (verl's algorithm.rollout_correction; docs/config.md):
+    # none, or masked IS leaving tokens whose pi_old / pi_behaviour is outside a band out of the
+    # loss: token_mis (per token, [1/2, 2]), seq_mis (a sequence whole on its geometric-mean
+    # ratio, [1/1.001, 1.001]), icepop (per token, [0.5, 5]); a bound of 0 keeps the method's
+    rollout_correction: Literal["none", "token_mis", "seq_mis", "icepop"] = "none"
+    rollout_correction_lower: float = 0.0  # 0: 1 / upper (token_mis, seq_mis), 0.5 (icepop)
+    rollout_correction_upper: float = 0.0  # 0: 2 (token_mis), 1.001 (seq_mis), 5 (icepop)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,11 +76,25 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
     from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
 
     LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
+    _check_correction(cfg.ppo)
     # engines.sglang without SGLang: none colocate sets itself, no mapping values (names and
     # types are checked against SGLang's ServerArgs when an engine starts)
     check_own_server_args(cfg.engines.sglang)
     if cfg.run.fault_at:
         parse(cfg.run.fault_at)  # one line naming run.fault_at
+
+
+def _check_correction(ppo: Any) -> None:  # a colocate.config.PPOConfig
+    """ppo.rollout_correction's band holds 1 (`colocate.trainer.mismatch.band`)."""
+    if ppo.rollout_correction == "none":
+        return
+    from colocate.trainer.mismatch import band  # here, not at the top: it brings torch
+
+    try:
+        band(ppo.rollout_correction, ppo.rollout_correction_lower, ppo.rollout_correction_upper)
+    except ValueError as e:
+        raise ConfigError(f"ppo.rollout_correction_lower/upper (ppo.rollout_correction={ppo.rollout_correction}): "
+                          f"{e}; 0 keeps the method's bound") from None
 
 
 def _check_data(data: Any) -> None:  # a colocate.config.DataConfig

@@ -2,17 +2,18 @@
 
 Owns: the advantage phase (:func:`advantages`: the KL to the reference (:func:`token_kl`),
 the token rewards, advantages and returns by GAE or a critic-free group estimator); the
-per-token inputs of the actor's update (:func:`actor_inputs`: old log-probs, advantages, the loss mask with
-stale tokens left out, the importance weights, the reference log-probs of a KL loss term)
-and of the critic's (:func:`critic_inputs`: old values, returns); :func:`model_tokens`,
-which zeroes a [B, T] tensor outside the trained tokens. Every
-tensor is [B, T] and exactly 0 outside `TrainBatch.loss_mask` (environment tokens,
-padding).
+per-token inputs of the actor's update (:func:`actor_inputs`: old log-probs, advantages,
+the loss mask with stale tokens (:func:`trained_mask`) and mismatched ones left out, the
+importance weights, the reference log-probs of a KL loss term) and of the critic's
+(:func:`critic_inputs`: old values, returns); :func:`model_tokens`, which zeroes a [B, T]
+tensor outside the trained tokens. Every tensor is [B, T] and exactly 0 outside
+`TrainBatch.loss_mask` (environment tokens, padding).
 
 Leaves out: the passes that produce log-probs and values, the losses and the optimizer
 steps (`trainer/ppo_trainer.py`, `trainer/update.py`); the math itself (GAE, KL estimators,
 token rewards, whitening, staleness: `trainer/ppo_math.py`; the group estimators:
-`trainer/estimators.py`); the KL coefficient schedule (`trainer/kl_control.py`).
+`trainer/estimators.py`; the mismatch correction: `trainer/mismatch.py`); the KL
+coefficient schedule (`trainer/kl_control.py`).
 """
 
 from __future__ import annotations
@@ -70,25 +71,34 @@ def token_kl(
     return torch.where(batch.loss_mask, kl, torch.zeros_like(kl))
 
 
+def trained_mask(s: TrainerSettings, batch: TrainBatch, current_version: int) -> torch.Tensor:
+    """The tokens the actor trains before the mismatch correction -> [B, T] bool: model
+    tokens, without those more than `max_staleness` versions before `current_version`."""
+    if s.max_staleness is None:
+        return batch.loss_mask
+    return ppo_math.staleness_mask(batch.versions, current_version, s.max_staleness, batch.loss_mask)
+
+
 def actor_inputs(
     s: TrainerSettings, batch: TrainBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
     current_version: int, ref_logp: torch.Tensor | None,
 ) -> dict[str, torch.Tensor]:
     """The per-row tensors the actor's update slices per minibatch, on model tokens only:
-    old_logp, advantages, loss_mask (tokens more than `max_staleness` versions before
-    `current_version` left out), behaviour_logp, on_policy (the drift probe's tokens), with
-    `is_cap` is_weights (min(pi_old / pi_behaviour, is_cap)), with ``kl_in="loss"``
-    ref_logp (a one-line `TrainerConfigError` when it is missing)."""
+    old_logp, advantages, loss_mask (`trained_mask`, without the tokens the mismatch
+    correction masks), behaviour_logp, on_policy (the drift probe's tokens), with
+    `is_cap` or a correction is_weights (`trainer/mismatch.py`: min(pi_old / pi_behaviour,
+    is_cap), or the kept tokens' ratio), with ``kl_in="loss"`` ref_logp (a one-line
+    `TrainerConfigError` when it is missing)."""
     mask = batch.loss_mask
     old_logp, advantages, behaviour = (model_tokens(x, mask) for x in (old_logp, advantages, batch.behaviour_logp))
-    loss_mask = mask
-    if s.max_staleness is not None:
-        loss_mask = ppo_math.staleness_mask(batch.versions, current_version, s.max_staleness, mask)
-    extra = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask,
+    extra = {"old_logp": old_logp, "advantages": advantages, "loss_mask": trained_mask(s, batch, current_version),
              "behaviour_logp": behaviour,
              "on_policy": on_policy_mask(batch.versions, mask, current_version)}
-    if s.is_cap is not None:
-        extra["is_weights"] = ppo_math.truncated_is_weights(behaviour, old_logp, mask, s.is_cap)
+    correction = s.correction
+    if correction.weighs:
+        keep, extra["is_weights"] = correction.terms(behaviour, old_logp, mask)
+        if correction.masks:
+            extra["loss_mask"] = extra["loss_mask"] & keep  # a new tensor: the first forward may refill it
     if s.kl_in == "loss" and s.reference:
         if ref_logp is None:
             raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")

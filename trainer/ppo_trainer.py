@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .advantages import actor_inputs, advantages as compute_advantages, critic_inputs
+from .advantages import actor_inputs, advantages as compute_advantages, critic_inputs, trained_mask
 from .errors import TrainerConfigError
 from . import ppo_math
 from .batch import TrainBatch
@@ -48,6 +48,7 @@ from .critic import ValueModel
 from .distributed import (DistInfo, all_reduce_sum, broadcast_object, first_pass, full_state_dict,
                           full_state_everywhere, full_tensors, init_distributed, shard_model)
 from .lora import adapted_weight, add_lora, is_lora, merged_weights
+from .mismatch import masked_fraction
 from .first_forward import FirstForward
 from .forward import evaluate_plan, packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from .offload import HostStash, move_plainly
@@ -233,35 +234,43 @@ class PPOTrainer:
         what the inputs hold on environment tokens and padding does not change the update.
         Tokens sampled more than `max_staleness` versions before `current_version` are
         left out of the loss; with `is_cap`, each token's loss is weighted by
-        min(pi_old / pi_behaviour, is_cap). Returns {policy_loss, clip_frac, approx_kl,
-        entropy, grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max
-        (|engine - trainer| log-prob on the first minibatch's tokens of `current_version`).
+        min(pi_old / pi_behaviour, is_cap); with `rollout_correction`, tokens whose
+        pi_old / pi_behaviour is outside its band are left out and the others weighted by
+        it (`trainer/mismatch.py`). Returns {policy_loss, clip_frac, approx_kl, entropy,
+        grad_norm, skipped_steps, …} as floats, plus logp_drift_mean/max (|engine - trainer|
+        log-prob on the first minibatch's tokens of `current_version`) and with a
+        correction mismatch_masked_frac (the share of the trained tokens it left out).
         `fill_first` (after ``old_logprobs(leave_first=True)``): fills `old_logp`'s first minibatch from its forward.
         """
         s = self.settings
         extra = actor_inputs(s, batch, old_logp, advantages, current_version, ref_logp)  # on model tokens only
+        trained = trained_mask(s, batch, current_version)  # before the mismatch correction
         fill = None
         if fill_first:  # rows no forward fills (nothing to train in the minibatch) get the no-grad pass
             recompute = functools.partial(self._rows_no_grad, self._actor_logp, batch)
             fill = FirstForward(self._first_minibatch(batch, "train_actor(fill_first)"), old_logp, extra,
-                                batch.loss_mask, self.dist, recompute, s.is_cap)
+                                batch.loss_mask, self.dist, recompute, s.correction, trained)
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
-            old, weights = (t["old_logp"], t.get("is_weights")) if fill is None else fill.old(logp, t, mb.loss_mask)
-            loss, stats = ppo_math.policy_loss(logp, old, t["advantages"], t["loss_mask"], s.clip_eps, s.loss_agg,
-                                               weights)
-            stats["entropy"] = ppo_math.masked_mean(entropy, t["loss_mask"])
+            old, weights, mask = ((t["old_logp"], t.get("is_weights"), t["loss_mask"]) if fill is None
+                                  else fill.old(logp, t, mb.loss_mask))
+            loss, stats = ppo_math.policy_loss(logp, old, t["advantages"], mask, s.clip_eps, s.loss_agg, weights)
+            stats["entropy"] = ppo_math.masked_mean(entropy, mask)
             if "ref_logp" in t:  # KL to the reference as a loss term (k3)
-                kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), t["loss_mask"], s.loss_agg)
+                kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), mask, s.loss_agg)
                 loss = loss + kl_coef * kl
                 stats["kl_loss"] = kl.detach()
             if "on_policy" in t:  # the drift probe: first minibatch only
                 stats["drift"] = drift_terms(logp, t["behaviour_logp"], t["on_policy"])
+            stats["loss_mask"] = mask  # the tokens the loss ran on (`trainer/update.py` normalises over them)
             return loss, stats
 
-        return self._optimise("actor", self.actor, self.actor_optim, batch, extra, loss_fn,
-                              None if fill is None else fill.publish)
+        stats = self._optimise("actor", self.actor, self.actor_optim, batch, extra, loss_fn,
+                               None if fill is None else fill.publish)
+        if s.correction.masks:  # every row's kept tokens are final once the first minibatch published
+            stats["mismatch_masked_frac"] = masked_fraction(trained, extra["loss_mask"])
+        return stats
 
     def _minibatch_order(self, name: str, batch: TrainBatch) -> torch.Generator:
         """The generator that shuffles the next `train_<name>`'s minibatches of `batch` (seeded by the calls so far)."""

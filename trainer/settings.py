@@ -21,6 +21,7 @@ from . import ppo_math
 from .errors import TrainerConfigError
 from .estimators import ADVANTAGES, CRITIC_FREE
 from .lora import LoraSettings
+from .mismatch import CORRECTIONS, Correction, band
 from .varlen_attention import VARLEN_SDPA
 
 OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
@@ -52,6 +53,12 @@ class TrainerSettings:
     is_cap: float | None = None  # truncated-IS cap for tokens sampled under other weights
     max_staleness: int | None = None  # train only on tokens at most this many versions old
     temperature: float = 1.0  # sampling temperature the behaviour logprobs were taken at
+    # the train/inference mismatch correction (`trainer/mismatch.py`): "none", or masked IS
+    # ("token_mis", "seq_mis": a sequence's geometric-mean ratio, "icepop"), leaving tokens
+    # whose pi_old / pi_behaviour is outside [lower, upper] out of the loss (0: the method's bound)
+    rollout_correction: str = "none"
+    rollout_correction_lower: float = 0.0
+    rollout_correction_upper: float = 0.0
     # packing=True: each micro-batch's rows concatenated into one padding-free row of at most
     # micro_batch_tokens tokens (prompt + response; a longer row gets its own micro-batch),
     # rows balanced over ranks by tokens. packing=False: right-padded rows, micro_batch rows each.
@@ -101,6 +108,7 @@ class TrainerSettings:
             "temperature": self.temperature > 0,
             "is_cap": self.is_cap is None or self.is_cap > 0,
             "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
+            "rollout_correction": self.rollout_correction in CORRECTIONS,
             "advantage": self.advantage in ADVANTAGES,
             "kl_in": self.kl_in in KL_PLACES,
             "attention": self.attention in ATTENTIONS,
@@ -108,6 +116,11 @@ class TrainerSettings:
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
+        if self.rollout_correction != "none":
+            try:
+                band(self.rollout_correction, self.rollout_correction_lower, self.rollout_correction_upper)
+            except ValueError as e:
+                raise TrainerConfigError(f"ppo.rollout_correction_lower/upper: {e}") from None
         if self.attention == "flex_attention" and not self.device.startswith("cuda"):
             raise TrainerConfigError("ppo.attention=flex_attention needs CUDA (torch's flex attention has no CPU "
                                      "backward): use auto or sdpa on this device")
@@ -119,6 +132,13 @@ class TrainerSettings:
         if self.attention == "flash_attention_2" and not flash_attn_2_available():
             raise TrainerConfigError("ppo.attention=flash_attention_2, but flash-attention 2 is not installed "
                                      "(pip install flash-attn): use auto, sdpa or flex_attention")
+
+    @property
+    def correction(self) -> Correction:
+        """The importance weights and masks of the actor's loss (`trainer/mismatch.py`):
+        the mismatch correction and the TIS cap of deferred tokens."""
+        return Correction(self.rollout_correction, self.rollout_correction_lower, self.rollout_correction_upper,
+                          self.is_cap)
 
     @property
     def critic_free(self) -> bool:

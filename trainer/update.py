@@ -91,7 +91,10 @@ def optimise(
 def minibatch_step(u: Update, minibatch: TrainBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> dict[str, Any]:
     """One optimizer step on this rank's micro-batches of `minibatch`; stats are global.
 
-    Stats: the loss exactly, the others as token-weighted means over the minibatch.
+    Stats: the loss exactly, the others as token-weighted means over the minibatch. A
+    loss may run on fewer tokens than `extra["loss_mask"]` holds (a "loss_mask" stat: the
+    first minibatch's mismatch correction, known only from its forward): the gradients,
+    the loss and the stats are then rescaled to the tokens kept (`_kept`).
     """
     denominator = agg_denominator(extra["loss_mask"], u.loss_agg)  # whole minibatch: same on all ranks
     tokens = extra["loss_mask"].bool().sum()
@@ -104,18 +107,44 @@ def minibatch_step(u: Update, minibatch: TrainBatch, extra: dict[str, torch.Tens
         if "drift" in stats:
             part = stats.pop("drift").cpu()
             drift = torch.stack([drift[0] + part[0], drift[1] + part[1], drift[2].maximum(part[2])])
-        share = agg_denominator(t["loss_mask"], u.loss_agg).float() / denominator  # this micro-batch's part
+        kept = stats.pop("loss_mask", t["loss_mask"]).bool()  # [b, T] the tokens this loss ran on
+        local = agg_denominator(kept, u.loss_agg).float()
+        share = local / denominator  # this micro-batch's part
         (u.loss_coef * loss * share * u.dist.world_size).backward()
-        token_share = t["loss_mask"].bool().sum() / tokens
+        token_share = kept.sum() / tokens
         keys = ["loss", *stats]
-        row = torch.stack([loss.detach().float() * share, *(v.float() * token_share for v in stats.values())])
+        row = torch.stack([loss.detach().float() * share, *(v.float() * token_share for v in stats.values()),
+                           local, kept.sum().float()])
         sums = row if sums is None else sums + row
     totals = all_reduce_sum(sums, u.dist).tolist()
-    grad_norm, stepped = guarded_step(u.model, u.optimizer, u.max_grad_norm, math.isfinite(totals[0]))
-    result = dict(zip(keys, totals)) | {"grad_norm": grad_norm}
+    totals, outcome = _kept(u.model, totals, float(denominator), float(tokens))
+    if outcome == "empty_steps":
+        u.optimizer.zero_grad(set_to_none=True)
+        result: dict[str, Any] = {}
+    else:
+        grad_norm, stepped = guarded_step(u.model, u.optimizer, u.max_grad_norm, math.isfinite(totals[0]))
+        result = dict(zip(keys, totals)) | {"grad_norm": grad_norm}
+        outcome = "steps" if stepped else "skipped_steps"
     if "on_policy" in extra:
         result["probe"] = drift_stats(all_reduce_sum(drift[:2], u.dist), all_reduce_max(drift[2], u.dist))
-    return result | {"outcome": "steps" if stepped else "skipped_steps"}
+    return result | {"outcome": outcome}
+
+
+def _kept(model: nn.Module, totals: list[float], denominator: float, tokens: float) -> tuple[list[float], str]:
+    """(loss and stats, outcome so far) from the summed micro-batch rows, whose last two
+    entries are the denominator and the tokens the losses ran on. Where those are fewer
+    than the minibatch's (`denominator`, `tokens`: what each share was divided by), the
+    gradients, the loss and the stats are scaled to them; none left: "empty_steps"."""
+    totals, (kept_denominator, kept_tokens) = totals[:-2], totals[-2:]
+    if kept_denominator == denominator:
+        return totals, "steps"
+    if kept_denominator == 0:
+        return totals, "empty_steps"
+    scale = denominator / kept_denominator
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(scale)
+    return [totals[0] * scale, *(v * tokens / kept_tokens for v in totals[1:])], "steps"
 
 
 def _micro_inputs(
