@@ -4,13 +4,15 @@ Owns: the torchrun argument list for ``colocate train --nproc N`` and running to
 launcher (``torch.distributed.run``) in this process; a failed rank becomes one line (its
 own error is printed above by that rank). Multi-node runs use torchrun directly with its
 own flags (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``), see README.
-Leaves out: what a rank does (``colocate.api``); rendezvous (torchrun's).
+Leaves out: what a rank does (``colocate.api``); the rendezvous (``colocate.rendezvous``:
+torchrun's, its stores on loopback).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from typing import Sequence
 
 from colocate.errors import ColocateError, ConfigError
@@ -22,24 +24,35 @@ def under_torchrun(environ=os.environ) -> bool:
     return all(key in environ for key in TORCHRUN_ENV)
 
 
-def torchrun_args(nproc: int, train_args: Sequence[str]) -> list[str]:
-    """The arguments of ``torchrun --standalone --nproc-per-node N -m colocate.cli train ARGS``."""
+def torchrun_args(nproc: int, train_args: Sequence[str], state_file: str) -> list[str]:
+    """The arguments of ``torchrun RENDEZVOUS --nnodes=1 --nproc-per-node N -m colocate.cli
+    train ARGS`` (RENDEZVOUS: ``colocate.rendezvous``'s on loopback, its state in ``state_file``)."""
+    from colocate import rendezvous  # torch's launcher: heavy, only --nproc needs it
+
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1 (got {nproc})")
-    return ["--standalone", f"--nproc-per-node={nproc}", "-m", "colocate.cli", "train", *train_args]
+    return [*rendezvous.rendezvous_args(state_file), "--nnodes=1", f"--nproc-per-node={nproc}",
+            "-m", "colocate.cli", "train", *train_args]
 
 
 def run_torchrun(nproc: int, train_args: Sequence[str]) -> None:
-    """Start ``nproc`` ranks of ``colocate train ARGS`` on this node and wait for them."""
+    """Start ``nproc`` ranks of ``colocate train ARGS`` on this node and wait for them,
+    every socket of the launch on loopback (the rendezvous, the ranks' gloo and NCCL)."""
     # here, not at the top: torch's launcher is heavy and only --nproc needs it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    try:
-        torchrun(torchrun_args(nproc, train_args))
-    except ChildFailedError as exc:
-        rank, first = min(exc.failures.items(), key=lambda kv: kv[1].timestamp, default=(None, None))
-        raise ColocateError(failure_line(rank, first.exitcode if first is not None else None, nproc)) from None
+    from colocate import rendezvous
+    from colocate.trainer.distributed import loopback_transports
+
+    rendezvous.register()
+    loopback_transports()  # the ranks inherit it: one node's ranks meet on loopback
+    with tempfile.TemporaryDirectory(prefix="colocate-rdzv-") as state:
+        try:
+            torchrun(torchrun_args(nproc, train_args, os.path.join(state, "rendezvous")))
+        except ChildFailedError as exc:
+            rank, first = min(exc.failures.items(), key=lambda kv: kv[1].timestamp, default=(None, None))
+            raise ColocateError(failure_line(rank, first.exitcode if first is not None else None, nproc)) from None
 
 
 def failure_line(rank: int | None, exitcode: int | None, nproc: int) -> str:

@@ -17,7 +17,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import shutil
+import socket
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import psutil
@@ -37,6 +41,7 @@ class EngineDiedError(EngineError):
 # (then the new weights are pushed), the KV cache and the CUDA graphs' buffers last, so
 # the memory the trainer just freed is not taken by KV before the push has room.
 WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
+STORE_PREFIX = "colocate-store-"  # a temporary folder per engine: its schedulers' process-group store
 MEMORY_TAGS = (WEIGHTS, KV_CACHE, CUDA_GRAPH)
 
 
@@ -56,11 +61,15 @@ class SglangEngine:
         self._api = api
         started = time.perf_counter()
         free_before = _device_free_bytes(cfg.base_gpu_id) if platform.device == "cuda" else 0
+        # the schedulers' process-group store: a file of this engine's own (no socket), gone at shutdown
+        self._store_dir = Path(tempfile.mkdtemp(prefix=STORE_PREFIX))
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
-                    sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)):
+                    sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
+                    sglang_api.child_rendezvous(self._store_dir / "store", platform.device, _shm_port(cfg)):
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
             raise start_error(cfg, exc) from None
         self.start_seconds = time.perf_counter() - started
         # CUDA: the memory the engine took on its (first) GPU as it started: weights, KV pool,
@@ -315,6 +324,17 @@ class SglangEngine:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(procs, timeout=30)
+        shutil.rmtree(self._store_dir, ignore_errors=True)
+
+
+def _shm_port(cfg: EngineConfig) -> int:
+    """The port SGLang's CPU shared-memory all-reduce names its segments after: the
+    engine's ``nccl_port``, or a free one (what SGLang would have picked)."""
+    if cfg.nccl_port is not None:
+        return cfg.nccl_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _device_free_bytes(gpu: int) -> int:

@@ -136,6 +136,30 @@ def _child_env(name: str, value: str | None):
             os.environ[name] = old
 
 
+# the variables a scheduler reads as it joins its engine's process group, and their loopback values
+STORE_OVERRIDE = "SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"
+LOOPBACK_INTERFACES = (("GLOO_SOCKET_IFNAME", "lo"), ("NCCL_SOCKET_IFNAME", "lo"))
+
+
+@contextlib.contextmanager
+def child_rendezvous(store_file: Path, device: str, shm_port: int):
+    """The process group of the schedulers an engine spawns inside this block: met through
+    ``store_file`` (a ``file://`` store, no socket), their gloo and NCCL sockets on the
+    loopback interface. SGLang's own rendezvous is a TCP store on ``nccl_port``, which
+    torch binds on every interface whatever host it is given; SGLang's arguments cannot
+    change that, its ``SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE`` replaces it. A variable the
+    user set is theirs and stays. On CPU, SGLang's shared-memory all-reduce (its own CPU
+    kernels) names its segments from ``MASTER_ADDR``/``MASTER_PORT``, which it derived
+    from the TCP address: they get the loopback address and ``shm_port`` (one per engine)."""
+    pairs = [(STORE_OVERRIDE, f"file://{store_file}"), *LOOPBACK_INTERFACES]
+    if device == "cpu":
+        pairs += [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(shm_port))]
+    with contextlib.ExitStack() as stack:
+        for name, value in pairs:
+            stack.enter_context(_child_env(name, None if name in os.environ else value))
+        yield
+
+
 def child_threads(n: int):
     """Torch intra-op threads of the processes an engine spawns inside this block (``n`` >
     0; 0 leaves torch's default: every core). SGLang has no argument for it on CPU, and a

@@ -13,10 +13,12 @@ rank's line for the others in the process group's store (`post_failure`, `posted
 
 Leaves out: models, optimizers and PPO (`trainer/ppo_trainer.py`). Backends: gloo on CPU
 (tests use 1-2 ranks on loopback), nccl on CUDA with gloo beside it for host tensors
-(a checkpoint of a trainer whose shards are offloaded to the host). A world of one needs no launcher: a
-single-process group is created over a free loopback port. Under torchrun the env://
-rendezvous that torchrun set up is used (torchrun's variables are its interface; colocate
-passes no configuration through the environment).
+(a checkpoint of a trainer whose shards are offloaded to the host). A world of one needs no launcher
+and no socket: a single-process group over an in-memory store, its gloo (and NCCL)
+transport on the loopback interface (`loopback_transports`: nothing of the process listens
+beyond loopback). Under torchrun the env:// rendezvous that torchrun set up is used
+(torchrun's variables are its interface; colocate passes no configuration through the
+environment).
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ def init_distributed(
             dist.init_process_group(backend, init_method=init_method, rank=rank or 0, world_size=world_size or 1, **kw)
         elif all(key in os.environ for key in _TORCHRUN_KEYS):
             dist.init_process_group(backend, init_method="env://", **kw)
-        else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, **kw)
+        else:  # a world of one: nobody to meet, so no TCP store (it would listen on every interface)
+            loopback_transports()
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kw)
     if needed not in dist.get_backend():
         raise TrainerError(f"a {dist.get_backend()} process group exists, but device {device} needs {needed}")
     info_rank, info_world = dist.get_rank(), dist.get_world_size()
@@ -102,6 +105,22 @@ def init_distributed(
         torch_device = torch.device("cuda", index)
         torch.cuda.set_device(torch_device)
     return DistInfo(info_rank, info_world, torch_device, dist.get_backend())
+
+
+TRANSPORT_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # torch's gloo and NCCL read these
+LOOPBACK_INTERFACE = "lo"
+
+
+def loopback_transports(environ=os.environ) -> None:
+    """Put gloo's and NCCL's sockets on the loopback interface for a world of one (and for
+    the processes it starts: SGLang's schedulers), unless the user named an interface.
+
+    Gloo listens on the address the machine's hostname resolves to (often the external
+    one) and NCCL on its first non-loopback interface, even with one rank; both read the
+    interface from these variables when their first group is made, and torch has no
+    argument for it. Process set-up, set once: a world of one never meets another host."""
+    for name in TRANSPORT_INTERFACES:
+        environ.setdefault(name, LOOPBACK_INTERFACE)
 
 
 def local_device_index(local_rank: int, visible: int) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from colocate import launch
+from tests.failures.listeners import beyond_loopback, run_watched
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,9 +28,11 @@ def test_two_ranks_train_and_checkpoint(tiny_pair, run_overrides, tmp_path):
     out = tmp_path / "run"
     sets = run_overrides(tiny_pair("launch", 21, 22), out, "run.steps=2", "run.save_every=2", "run.eval_every=0",
                          "rollout.max_new_tokens=8", "ppo.epochs=1", "overlap.mode=intra")
-    done = subprocess.run(_cli("--nproc", "2", *(f"--set={s}" for s in sets)), cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=600)
+    # the launch's listeners are watched throughout (issue 50, item 3: tests/failures/test_listeners.py)
+    done, seen = run_watched(_cli("--nproc", "2", *(f"--set={s}" for s in sets)), cwd=str(ROOT))
     assert done.returncode == 0, done.stderr[-3000:]
+    assert any("scheduler" in cmd for _, cmd, _, _ in seen), seen
+    assert not beyond_loopback(seen), "listening beyond loopback: " + "; ".join(beyond_loopback(seen))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["trained_samples"] == 4 for r in records)
@@ -90,9 +93,11 @@ def test_a_failing_rank_ends_the_launch_in_one_line(tmp_path):
 
 
 def test_torchrun_arguments():
-    assert launch.torchrun_args(2, ["my.yaml", "--set=run.steps=3"]) == [
-        "--standalone", "--nproc-per-node=2", "-m", "colocate.cli", "train", "my.yaml", "--set=run.steps=3"]
+    assert launch.torchrun_args(2, ["my.yaml", "--set=run.steps=3"], "/tmp/x/rdzv") == [
+        "--rdzv-backend=colocate-loopback", "--rdzv-endpoint=/tmp/x/rdzv", "--rdzv-conf=store_type=file",
+        "--local-addr=127.0.0.1", "--nnodes=1", "--nproc-per-node=2", "-m", "colocate.cli", "train", "my.yaml",
+        "--set=run.steps=3"]
     assert launch.under_torchrun({"LOCAL_RANK": "0", "WORLD_SIZE": "2"})
     assert not launch.under_torchrun({})
     with pytest.raises(Exception, match="--nproc must be >= 1"):
-        launch.torchrun_args(0, [])
+        launch.torchrun_args(0, [], "/tmp/x/rdzv")
