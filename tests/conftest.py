@@ -25,6 +25,9 @@ from colocate.engine.pool import EnginePool
 from colocate.quick_exit import skip_last_collection
 
 CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU (see above)
+# and in float32: models.dtype=auto picks bfloat16 on CPUs that multiply it natively
+# (trainer/precision.py), which would make the suite's exact comparisons depend on the machine
+FLOAT32 = "models.dtype=float32"
 POOL = pytest.StashKey[EnginePool]()  # the session's engine pool, for the summary line
 
 
@@ -159,4 +162,4 @@ def _run_overrides(models: tuple[str, str], out_dir, *extra: str) -> list[str]:
     actor, rm = models
     return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
             "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512",
-            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", CPU, *extra]
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", CPU, FLOAT32, *extra]

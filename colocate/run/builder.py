@@ -51,6 +51,7 @@ from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
 from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.trainer.precision import auto_dtype, cpu_flags
 from colocate.monitor.quiet import loaded, params
 from colocate.monitor.wandb_log import check_available
 
@@ -80,24 +81,30 @@ def actor_overlap_schedule(cfg: Config) -> bool:
     return not (cfg.overlap.deferral and cfg.overlap.pause_mode == "in_place")
 
 
-def engine_dtype(cfg: Config, cuda_available: bool) -> str:
+def engine_dtype(cfg: Config, cuda_available: bool, flags: frozenset[str] | None = None) -> str:
     """``engines.dtype``; auto: bfloat16 where the engines run on CUDA, else the trainer's
-    dtype on CPU (``trainer_dtype``)."""
+    dtype on CPU (``trainer_dtype``; ``flags``: the CPU's, None: this machine's)."""
     if cfg.engines.dtype != "auto":
         return cfg.engines.dtype
     on_cuda = cfg.engines.device == "cuda" or (cfg.engines.device == "auto" and cuda_available)
-    return "bfloat16" if on_cuda else trainer_dtype(cfg, "cpu")
+    return "bfloat16" if on_cuda else trainer_dtype(cfg, "cpu", flags)
 
 
-def trainer_dtype(cfg: Config, device_type: str) -> str:
-    """The trainer's compute dtype: ``models.dtype``; auto: bfloat16 (mixed precision over
-    fp32 master weights) when it trains on CUDA, where the engines serve bf16 too (so
-    ``ppo.old_logp=rollout`` compares like with like, and the trainer runs at the GPU's
-    bf16 rate), float32 on CPU (exact against HF; `bfloat16` is a setting there, faster on
-    CPUs with AVX512-BF16 or AMX: docs/config.md)."""
+def trainer_dtype(cfg: Config, device_type: str, flags: frozenset[str] | None = None) -> str:
+    """The trainer's compute dtype (`trainer_precision`)."""
+    return trainer_precision(cfg, device_type, flags)[0]
+
+
+def trainer_precision(cfg: Config, device_type: str, flags: frozenset[str] | None = None) -> tuple[str, str]:
+    """(the trainer's compute dtype, why): ``models.dtype``; auto: bfloat16 (mixed precision
+    over fp32 master weights) on CUDA and on CPUs that multiply it natively (AVX512-BF16,
+    AMX: ``colocate.trainer.precision``; ``flags``: the CPU's, None: this machine's), where
+    the engines serve bf16 too (so ``ppo.old_logp=rollout`` compares like with like), float32
+    on other CPUs (bf16 is emulated there, slower)."""
     if cfg.models.dtype != "auto":
-        return cfg.models.dtype
-    return "bfloat16" if device_type == "cuda" else "float32"
+        return cfg.models.dtype, "models.dtype"
+    dtype, why = auto_dtype(device_type, cpu_flags() if flags is None else flags)
+    return dtype, f"models.dtype=auto: {why}"
 
 
 def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placement: Placement = Placement()):
@@ -351,7 +358,7 @@ def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, r
         loading = time.perf_counter()
         trainer = make_trainer(cfg, inputs.actor_path, inputs.critic_path, dist)
         log(loaded("trainer", params({"actor": trainer.actor, "reference": trainer.ref, "critic": trainer.critic}),
-                   time.perf_counter() - loading))
+                   time.perf_counter() - loading) + "; computes in {} ({})".format(*trainer_precision(cfg, device)))
         p = cfg.ppo
         kl_ctl = make_kl_controller(p.kl_kind, p.kl_coef, p.kl_target, p.kl_horizon)
         out_dir = Path(cfg.run.out_dir)

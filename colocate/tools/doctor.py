@@ -1,6 +1,7 @@
 """`colocate doctor`: what this machine offers colocate, and a smoke test of a real engine.
 
-Owns: collecting versions, device, the NVIDIA driver (``colocate.tools.nvidia_driver``: CUDA 13
+Owns: collecting versions, device, the precision ``models.dtype=auto`` trains in here and
+why (``colocate.trainer.precision``), the NVIDIA driver (``colocate.tools.nvidia_driver``: CUDA 13
 needs >= 580), the CPU op stand-in status and the model cache, and starting/stopping a
 tiny SGLang engine once. Leaves out: printing (the CLI does that).
 """
@@ -21,6 +22,7 @@ from colocate.engine import rollout, sglang_api
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
+from colocate.trainer.precision import auto_dtype, cpu_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,7 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
         "device": platform.device + (f" ({torch.cuda.get_device_name(0)})" if platform.device == "cuda" else ""),
         "nvidia driver": driver if driver_ok else f"TOO OLD OR MISSING: {driver}",
         "cpu cores (torch threads)": str(torch.get_num_threads()),
+        "models.dtype=auto": "{} ({})".format(*auto_dtype(platform.device, cpu_flags())),
         "sglang": platform.sglang_version,
         "torch": torch.__version__,
         "transformers": _version("transformers"),

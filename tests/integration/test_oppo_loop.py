@@ -23,7 +23,7 @@ def config(models, out_dir, *extra):
         "rollout.batch_size=4", "rollout.max_new_tokens=24", "ppo.minibatches=2",
         "data.max_prompt_tokens=512", "ppo.actor_lr=1e-3", "ppo.critic_lr=1e-3",
         "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192",
-        "run.save_every=1", "engines.device=cpu", *extra])
+        "run.save_every=1", "engines.device=cpu", "models.dtype=float32", *extra])
 
 
 @pytest.mark.parametrize("mode", ["intra", "inter", "oppo"])

@@ -46,6 +46,8 @@ def test_doctor_prints_no_known_harmless_warnings(tmp_path):
     done = _colocate("doctor", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "smoke test" in done.stdout
+    from colocate.trainer.precision import auto_dtype, cpu_flags  # what auto trains in here, and why
+    assert "{} ({})".format(*auto_dtype("cpu", cpu_flags())) in done.stdout
     assert _noise(done.stdout + done.stderr) == []
     assert _bars(done.stdout + done.stderr) == []  # the smoke engine's scheduler too
 

@@ -36,7 +36,7 @@ def _base(models, *extra: str) -> list[str]:
     return [f"models.actor={actor}", f"models.reward={rm}", "rollout.batch_size=4", "ppo.minibatches=2",
             "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
             "engines.reward_max_total_tokens=8192", "run.eval_every=0", "rollout.max_new_tokens=8",
-            "ppo.epochs=1", "engines.device=cpu", *extra]
+            "ppo.epochs=1", "engines.device=cpu", "models.dtype=float32", *extra]
 
 
 MODES = ("sequential", "oppo")  # oppo streams and defers per rank: inter's deferral is a part of it

@@ -193,7 +193,9 @@ def test_the_export_reads_every_lora_field(tmp_path):
 def test_bare_settings_are_a_default_configured_run():
     """On CPU, the trainer of a default config is the bare dataclass; the scheduler of a
     default config with an overlap that defers is too (sequential launches exactly B: Δ 0)."""
-    assert _trainer(Config()) == TrainerSettings(actor_path="/actor")
+    # but for the dtype auto resolves to: float32 unless this CPU multiplies bf16 natively (trainer/precision.py)
+    assert _trainer(Config()) == TrainerSettings(actor_path="/actor", dtype=builder.trainer_dtype(Config(), "cpu"))
+    assert builder.trainer_dtype(Config(), "cpu", frozenset()) == TrainerSettings.dtype
     oppo = dataclasses.replace(Config(), overlap=OverlapConfig(mode="oppo"))
     assert _scheduler_config(oppo, Config().rollout.batch_size) == SchedulerConfig()
     sequential = _scheduler_config(Config(), Config().rollout.batch_size)

@@ -56,8 +56,11 @@ def test_each_ranks_engines_get_its_gpu_its_cores_and_ports_of_their_own():
     assert shared[0].threads == shared[1].threads == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
 
 
+NO_BF16, AMX = frozenset({"avx2", "fma"}), frozenset({"avx512f", "amx_bf16", "avx512_bf16"})  # CPU flags
+
+
 @pytest.mark.parametrize("overrides, cuda_available, want", [
-    ([], False, "float32"),  # CPU: the trainer's dtype, the exact path
+    ([], False, "float32"),  # CPU: the trainer's dtype, the exact path where the CPU emulates bf16
     ([], True, "bfloat16"),  # auto device on a CUDA machine
     (["engines.device=cuda"], False, "bfloat16"),
     (["engines.device=cpu"], True, "float32"),
@@ -66,7 +69,12 @@ def test_each_ranks_engines_get_its_gpu_its_cores_and_ports_of_their_own():
     (["engines.dtype=float32", "engines.device=cuda"], True, "float32"),
 ])
 def test_engine_dtype(overrides, cuda_available, want):
-    assert builder.engine_dtype(load_config(overrides=overrides), cuda_available) == want
+    assert builder.engine_dtype(load_config(overrides=overrides), cuda_available, NO_BF16) == want
+
+
+def test_engine_dtype_follows_the_cpu_trainer_into_bf16_where_the_cpu_multiplies_it():
+    assert builder.engine_dtype(load_config(overrides=["engines.device=cpu"]), False, AMX) == "bfloat16"
+    assert builder.engine_dtype(load_config(overrides=["models.dtype=float32"]), False, AMX) == "float32"
 
 
 def test_engine_dtype_and_dist_timeout_are_checked():
@@ -240,25 +248,29 @@ def test_only_tensor_parallel_engines_get_a_barrier():
     assert callable(builder.tp_barrier(Placement(0, 2, 0, 2, tp_size=2), dist))
 
 
-@pytest.mark.parametrize("overrides, device, want", [
-    ([], "cuda", "bfloat16"),  # auto: bf16 compute over fp32 master weights on CUDA
-    ([], "cpu", "float32"),  # auto on CPU: the exact path
-    (["models.dtype=float32"], "cuda", "float32"),  # explicit wins
-    (["models.dtype=bfloat16"], "cpu", "bfloat16"),
+@pytest.mark.parametrize("overrides, device, flags, want", [
+    ([], "cuda", NO_BF16, "bfloat16"),  # auto: bf16 compute over fp32 master weights on CUDA
+    ([], "cpu", NO_BF16, "float32"),  # auto on a CPU that emulates bf16: the exact path
+    ([], "cpu", AMX, "bfloat16"),  # auto on a CPU that multiplies bf16 natively (AVX512-BF16, AMX)
+    (["models.dtype=float32"], "cuda", NO_BF16, "float32"),  # explicit wins
+    (["models.dtype=float32"], "cpu", AMX, "float32"),
+    (["models.dtype=bfloat16"], "cpu", NO_BF16, "bfloat16"),
 ])
-def test_trainer_dtype_and_its_fsdp_policy(overrides, device, want):
+def test_trainer_dtype_and_its_fsdp_policy(overrides, device, flags, want):
     from colocate.trainer.distributed import precision_policy
 
     cfg = load_config(overrides=overrides)
-    assert builder.trainer_dtype(cfg, device) == want
+    assert builder.trainer_dtype(cfg, device, flags) == want
+    why = builder.trainer_precision(cfg, device, flags)[1]
+    assert why == "models.dtype" if overrides else why.startswith("models.dtype=auto: ")
     policy = precision_policy(getattr(torch, want))
     if want == "float32":
         assert policy.param_dtype is None and policy.reduce_dtype is None  # no casting at all
     else:  # forward/backward in bf16, gradients reduced in fp32 into the fp32 shards the optimizer steps
         assert policy.param_dtype == getattr(torch, want) and policy.reduce_dtype == torch.float32
     # the CPU engines serve what the CPU trainer computes in (auto)
-    assert builder.engine_dtype(load_config(overrides=[*overrides, "engines.device=cpu"]), False) == \
-        builder.trainer_dtype(cfg, "cpu")
+    assert builder.engine_dtype(load_config(overrides=[*overrides, "engines.device=cpu"]), False, flags) == \
+        builder.trainer_dtype(cfg, "cpu", flags)
 
 
 def test_each_sleep_and_wake_reads_the_devices_memory_at_the_right_points():
