@@ -10,6 +10,9 @@ are nearly parallel, cosine ~0.94), scaled so that every position ends the respo
 probability ~1/mean_tokens: geometric response lengths decided by EOS, as with a real
 instruct model, for colocate and TRL alike. The pad and BOS rows point the other way, so
 the model never samples them (colocate also stops at pad; TRL stops at EOS only).
+The ``gpu`` preset's pair instead: a random actor of a real model's shape
+(``colocate.assets.models.MODEL_SHAPES``, e.g. Qwen2.5-0.5B) and a random reward model of
+the same shape (:func:`shaped_models`).
 Leaves out: real models (``colocate.assets.models``), rewards.
 """
 
@@ -33,6 +36,19 @@ def small_models(root: Path) -> tuple[str, str]:
         build_tiny_causal_lm(actor, seed=0, hidden=256, layers=4, heads=8, kv_heads=4, max_positions=2048)
     if not (rm / "config.json").is_file():
         build_tiny_reward_model(rm, seed=1, hidden=256, layers=4, heads=8, kv_heads=4, max_positions=2048)
+    return str(actor), str(rm)
+
+
+def shaped_models(root: Path, shape: str) -> tuple[str, str]:
+    """A random actor of ``shape`` (a ``MODEL_SHAPES`` name) and a random one-label reward
+    model of the same shape (the actor's size, as in OPPO's runs). Built once per folder."""
+    from colocate.assets.models import build_shaped_causal_lm, build_shaped_reward_model
+
+    actor, rm = Path(root) / f"actor-{shape}", Path(root) / f"rm-{shape}"
+    if not (actor / "config.json").is_file():
+        build_shaped_causal_lm(actor, shape, seed=0)
+    if not (rm / "config.json").is_file():
+        build_shaped_reward_model(rm, shape, seed=1)
     return str(actor), str(rm)
 
 

@@ -8,6 +8,10 @@ to the start, the initial weights are synced to the engine, and the mode's sched
 feeder are set up fresh; one warm-up step is run and not recorded. Each measured step
 runs under the contention guard (``bench.contention``): an optional bounded wait for a
 quiet machine, and the CPU other processes used during the step, kept in its record.
+Under a deadline (a time-boxed GPU call) a (mode, repeat) starts only where the last one's
+seconds still fit before it, from the third on also keeping ``reserve_s`` free (the
+workload's TRL peer); measured steps stop at the deadline after one; what was left out is
+listed (``left_out``).
 
 Leaves out: the lower bound (``bench.limit``), tables and plots (``bench.report``).
 """
@@ -118,37 +122,52 @@ def grouped_order(modes: Sequence[str], rep: int, key: Callable[[str], Any]) -> 
 def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                  progress: Callable[[str], None] = print, limit_probe=None, *,
                  reward_fns: Sequence[Callable] = (), guard: GuardOptions | None = None,
-                 journal: Path | None = None) -> dict[str, Any]:
+                 journal: Path | None = None, deadline: float | None = None,
+                 reserve_s: float = 0.0) -> dict[str, Any]:
     """Records of every measured step, tagged with mode and repeat (and, under ``guard``,
     the others' CPU load during the step); plus the probe (on the sequential mode's
     engines). ``reward_fns`` add to the reward model's score in every mode. ``journal``:
     each record is also appended there as one JSON line the moment it is measured, so a
-    run that dies (e.g. OOM-killed) keeps the steps it finished."""
+    run that dies (e.g. OOM-killed) keeps the steps it finished. ``deadline``
+    (``time.monotonic()``; None: none) and ``reserve_s``: see the module's doc."""
     sessions = _Sessions(cfg, reward_fns)
     records: list[dict[str, Any]] = []
+    left_out: list[dict[str, Any]] = []
+    last_s, started = 0.0, 0
     try:
         first, _, _ = sessions.get("sequential")
         probe = limit_probe(first) if limit_probe is not None else {}
         for rep in range(repeats):
             for mode in grouped_order(modes, rep, sessions.key):
+                if deadline is not None and time.monotonic() + last_s + (reserve_s if started >= 2 else 0.0) > deadline:
+                    left_out.append({"mode": mode, "repeat": rep})
+                    progress(f"  repeat {rep + 1}/{repeats} {mode:<10} left out: the budget is spent")
+                    continue
+                t0, started = time.monotonic(), started + 1
                 session, initial, kl_state = sessions.get(mode)
                 session.restart(_mode_cfg(cfg, mode), initial, kl_state)
                 records += _measure(session, mode, rep, steps, guard,
-                                    lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"), journal)
+                                    lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"), journal, deadline)
+                last_s = time.monotonic() - t0
     finally:
         sessions.close()
-    return {"records": records, "probe": probe, "session_rebuilds": sessions.rebuilds}
+    return {"records": records, "probe": probe, "session_rebuilds": sessions.rebuilds, "left_out": left_out}
 
 
 def _measure(session, mode: str, rep: int, steps: int, guard: GuardOptions | None,
-             progress: Callable[[str], None], journal: Path | None = None) -> list[dict[str, Any]]:
-    """One warm-up step (caches, allocator, first chunk tuning), then ``steps`` measured ones."""
+             progress: Callable[[str], None], journal: Path | None = None,
+             deadline: float | None = None) -> list[dict[str, Any]]:
+    """One warm-up step (caches, allocator, first chunk tuning), then ``steps`` measured ones
+    (past ``deadline``, a ``time.monotonic()``, no more after the first)."""
     from colocate.run import loop
 
     loop.step(session)
     _events(session)  # the warm-up's: not measured
     started, waited, out = time.perf_counter(), 0.0, []
     for k in range(1, steps + 1):
+        if k > 1 and deadline is not None and time.monotonic() > deadline:
+            progress(f"{mode:<10} steps {k}-{steps} left out: the budget is spent")
+            break
         rec, load = guarded(lambda: loop.step(session), guard)
         waited += load.get("quiet_wait_s", 0.0)  # wall_s: seconds of steps, not of waiting
         out.append({**rec, **load, "mode": mode, "repeat": rep, "wall_s": time.perf_counter() - started - waited})

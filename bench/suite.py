@@ -5,7 +5,11 @@ TRL peer in a subprocess (its own process, so neither run shares threads or memo
 models, prompt source, cap and EOS rule as the workload; TRL's GRPO when the workload's
 estimator is critic-free, its classic PPO otherwise), the time-to-reward study
 instead when asked (``--convergence``, ``bench.convergence``), and writing ``report.md``,
-``results.json`` and the plots into the run folder.
+``results.json`` and the plots into the run folder (after every workload, so a run cut
+off keeps what it finished). Under a time budget (``--budget-s``: one lent GPU call,
+scripts/gpu_bench.sh) a workload runs its modes first in the order given, keeping room for
+its TRL peer, then the peer; a mode or workload that no longer fits is left out and the
+report says so.
 Leaves out: what a mode does (``colocate``), the numbers' meaning (``bench.report``), the
 contention accounting (``bench.contention``).
 """
@@ -23,6 +27,7 @@ from typing import Any, Callable, Sequence
 from colocate.bench import contention, convergence, limit, plots, report, requests, runner
 from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
+from colocate.bench.models import shaped_models
 from colocate.bench.workloads import (MODES, MULTI_TURN, PRESETS, Preset, small_models, workload_models, workload_overrides,
                                       workload_reward_fns)
 from colocate.run.builder import run_device, trainer_dtype
@@ -43,6 +48,10 @@ class BenchOptions:
     chunk_size: int = 16
     delta: int = 2
     overrides: tuple[str, ...] = ()  # config overrides of every run, after the preset's (--set)
+    batch_size: int = 0  # 0: the preset's (colocate's rollout.batch_size and the TRL peer's batch)
+    max_new_tokens: int = 0  # 0: the preset's cap (colocate's and the TRL peer's)
+    shape: str = ""  # a MODEL_SHAPES name: random actor and reward model of that shape ("": the preset's models)
+    budget_s: float = 0.0  # seconds for the whole bench (0: no limit): what does not fit is left out
     peer_dtype: str = ""  # the TRL peers' precision; "": the one colocate's trainer computes in (like for like)
     guard: GuardOptions = GuardOptions()
     convergence: ConvergenceOptions | None = None  # set: run the time-to-reward study instead
@@ -54,17 +63,29 @@ def _preset(opts: BenchOptions) -> Preset:
     # the TRL peer is timed over as many measured rounds as each mode's measured steps (at
     # least 4, after its warm-up), so its spread is as well sampled as colocate's
     return dataclasses.replace(p, workloads=opts.workloads or p.workloads, repeats=repeats, steps=steps,
-                               peer_updates=p.peer_updates and peer_rounds(repeats, steps))
+                               models=opts.shape or p.models, batch_size=opts.batch_size or p.batch_size,
+                               max_new_tokens=opts.max_new_tokens or p.max_new_tokens,
+                               peer_updates=p.peer_updates and peer_rounds(repeats, steps, p.peer_min_updates))
 
 
-def peer_rounds(repeats: int, steps: int) -> int:
-    """Measured TRL updates of a bench: colocate's measured steps per mode, at least 4."""
-    return max(4, repeats * steps)
+def peer_rounds(repeats: int, steps: int, least: int = 4) -> int:
+    """Measured TRL updates of a bench: colocate's measured steps per mode, at least ``least``."""
+    return max(least, repeats * steps)
+
+
+# Seconds a TRL peer is given at least under a budget (else it is left out), and kept free
+# for it while its workload's modes run (a GPU peer of the gpu preset: ~3 updates of ~30 s)
+PEER_MIN_S = 30.0
+PEER_RESERVE_S = {"gpu": 100.0}
 
 
 def _models(preset: Preset, out: Path) -> tuple[str, str]:
     if preset.models == "small":
         return small_models(out.parent / ".bench-models")
+    from colocate.assets.models import MODEL_SHAPES
+
+    if preset.models in MODEL_SHAPES:
+        return shaped_models(out.parent / ".bench-models", preset.models)
     from colocate.api import prepare
 
     paths = prepare(with_reward_model=True)
@@ -132,11 +153,12 @@ def peer_dtype(trainer_dtype: str) -> str:
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
              stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2, source: str = SENTIMENT,
              group_size: int = 0, beta: float | None = None, dtype: str = "float32",
-             guard: GuardOptions | None = None) -> dict[str, Any] | None:
+             guard: GuardOptions | None = None, timeout_s: float | None = None) -> dict[str, Any] | None:
     """TRL's PPO (``group_size`` 0) or GRPO (groups of ``group_size``, KL coefficient
     ``beta``, None: colocate's default ``ppo.kl_coef``) on the same models, prompts, batch
     and epochs/minibatches, computing in ``dtype`` (float32 or bfloat16), in a subprocess
-    (under the contention guard: the others' load is in ``contention``); None if unavailable."""
+    (under the contention guard: the others' load is in ``contention``), stopped after
+    ``timeout_s`` (None: never); None if unavailable or out of time."""
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"the TRL peers compute in float32 or bfloat16, not {dtype}")
     new_tokens = new_tokens or preset.max_new_tokens
@@ -145,8 +167,12 @@ def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens:
     log(f"TRL peer ({f'GRPO, groups of {group_size}' if group_size else 'PPO'}): {preset.peer_updates} updates "
         f"of {preset.batch_size} × {new_tokens} tokens from {source}, "
         f"{epochs} epochs × {minibatches} minibatches, {dtype}" + (" (stop at EOS)" if stop_at_eos else ""))
-    proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
-                                                capture_output=True, text=True), guard)
+    try:
+        proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
+                                                    capture_output=True, text=True, timeout=timeout_s), guard)
+    except subprocess.TimeoutExpired:
+        log(f"TRL peer unavailable: out of time (stopped after {timeout_s:.0f} s)")
+        return None
     result = out / "trl_result.json"
     if proc.returncode != 0 or not result.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -172,6 +198,7 @@ def environment() -> dict[str, str]:
 
 
 def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
+    deadline = time.monotonic() + opts.budget_s if opts.budget_s > 0 else None  # the models' build counts
     preset = _preset(opts)
     out = Path(opts.out_dir or f"runs/bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -186,11 +213,20 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     else:
         peers: dict[tuple[int, bool, str, int], dict[str, Any] | None] = {}
         for workload in preset.workloads:
-            sections += _workload(preset, opts, workload, (actor, rm), out, guard, peers, results, log)
-        results["peer_raw"] = {peer_key(*k): p for k, p in peers.items()}
+            if deadline is not None and deadline - time.monotonic() < PEER_MIN_S:
+                log(f"workload {workload}: left out, {deadline - time.monotonic():.0f} s of the budget left")
+                sections += [f"### workload `{workload}`", "", f"Left out: the {opts.budget_s:.0f} s budget was spent.", ""]
+                continue
+            sections += _workload(preset, opts, workload, (actor, rm), out, guard, peers, results, log, deadline)
+            results["peer_raw"] = {peer_key(*k): p for k, p in peers.items()}
+            _write(out, results, sections)  # after every workload: a run cut off keeps what it finished
+    _write(out, results, sections)
+    return out
+
+
+def _write(out: Path, results: dict[str, Any], sections: list[str]) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "report.md").write_text("\n".join(sections))
-    return out
 
 
 def _header(preset: Preset, opts: BenchOptions, env: dict[str, str], actor: str, rm: str,
@@ -206,30 +242,41 @@ def _header(preset: Preset, opts: BenchOptions, env: dict[str, str], actor: str,
             f"torch {env['torch']}, transformers {env['transformers']}.", "",
             f"models: actor `{actor}`, reward `{rm}`; {what}; chunk {opts.chunk_size}, Δ {opts.delta}"
             + (f"; overrides `{' '.join(extra)}`" if extra else "") + ".", "",
+            *([preset.note, ""] if preset.note else []),
+            *([f"budget: {opts.budget_s:.0f} s for the whole bench; modes run in the order "
+               f"{', '.join(opts.modes)}, each workload's TRL peer after its modes; what did not fit is left out "
+               "and named below.", ""] if opts.budget_s > 0 else []),
             (f"contention guard: a step is contended when other processes use more than {guard.limit_cores:g} "
              f"cores on average during it; up to {guard.quiet_wait_s:g} s of waiting for a quiet machine "
              "before each step." if guard else "contention guard: off (no /proc/stat here)."), ""]
 
 
 def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[str, str], out: Path,
-              guard: GuardOptions | None, peers: dict, results: dict[str, Any], log) -> list[str]:
-    """Run one workload (and its TRL peer when not run yet); its report section."""
+              guard: GuardOptions | None, peers: dict, results: dict[str, Any], log,
+              deadline: float | None = None) -> list[str]:
+    """Run one workload and its TRL peer (when not run yet: before the modes, or under a
+    ``deadline`` after them, in the time kept for it); its report section."""
     actor, rm = workload_models(preset, workload, *models)
     cfg = _config(preset, opts, workload, actor, rm, out)
     dtype = trainer_dtype(cfg, run_device(cfg))
-    peer = None
+    key = None
     if opts.peer and preset.peer_updates and workload not in MULTI_TURN:  # TRL's PPO has no environment loop
         key = (*peer_shape(preset, workload), preset.source(workload), peer_group(cfg))
-        if key not in peers:
-            peers[key] = run_peer(actor, rm, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0],
-                                  stop_at_eos=key[1], epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches,
-                                  source=key[2], group_size=key[3], beta=cfg.ppo.kl_coef,
-                                  dtype=opts.peer_dtype or peer_dtype(dtype), guard=guard)
-        peer = peers[key]
+    if key is not None and key not in peers and deadline is None:
+        peers[key] = _key_peer(key, cfg, preset, opts, (actor, rm), out, dtype, guard, log)
     log(f"workload {workload}")
+    reserve = PEER_RESERVE_S.get(preset.name, PEER_MIN_S) if key is not None and key not in peers else 0.0
     data = runner.run_workload(cfg, opts.modes, preset.repeats, preset.steps, log, limit.probe,
                                reward_fns=workload_reward_fns(cfg), guard=guard,
-                               journal=out / f"{workload}_steps.jsonl")
+                               journal=out / f"{workload}_steps.jsonl", deadline=deadline, reserve_s=reserve)
+    if key is not None and key not in peers:
+        left = deadline - time.monotonic()
+        peers[key] = None
+        if left >= PEER_MIN_S:
+            peers[key] = _key_peer(key, cfg, preset, opts, (actor, rm), out, dtype, guard, log, timeout_s=left)
+        else:
+            log(f"TRL peer left out: {left:.0f} s of the budget left")
+    peer = peers.get(key) if key is not None else None
     summary = report.summarize(data["records"], data["probe"], opts.modes)
     peer_info = report.peer_ratio(summary, peer)
     if peer_info:
@@ -246,9 +293,30 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
     results["workloads"][workload] = {**data, "models": {"actor": actor, "reward": rm}, "summary": summary,
                                       "peer": peer_info, "requests": where}
     return [report.markdown(workload, summary, peer_info, data["probe"], guard.limit_cores if guard else None), "",
+            *_left_out_lines(data.get("left_out", []), key, peer),
             f"![timeline]({workload}_timeline.png) ![reward]({workload}_reward.png)", "",
             "Where the rollout's seconds go (medians over measured steps; from the request timeline):", "",
             *requests.markdown(where), "", f"![requests]({workload}_requests.png)", ""]
+
+
+def _key_peer(key: tuple, cfg, preset: Preset, opts: BenchOptions, models: tuple[str, str], out: Path, dtype: str,
+              guard: GuardOptions | None, log, timeout_s: float | None = None) -> dict[str, Any] | None:
+    """The TRL run of peer ``key`` (see ``peer_key``) matching ``cfg``'s trainer."""
+    return run_peer(*models, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0], stop_at_eos=key[1],
+                    epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches, source=key[2], group_size=key[3],
+                    beta=cfg.ppo.kl_coef, dtype=opts.peer_dtype or peer_dtype(dtype), guard=guard,
+                    timeout_s=timeout_s)
+
+
+def _left_out_lines(left_out: list[dict[str, Any]], key: tuple | None, peer: dict[str, Any] | None) -> list[str]:
+    """Report lines naming what a budget left out, and a TRL peer that did not run or finish."""
+    lines = []
+    if left_out:
+        lines += [f"Left out (the budget was spent): {', '.join(sorted({r['mode'] for r in left_out}))}.", ""]
+    if key is not None and peer is None:
+        lines += [f"TRL {'GRPO' if key[3] else 'PPO'} peer: no result (unavailable or out of budget; the log says "
+                  "which).", ""]
+    return lines
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

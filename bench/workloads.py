@@ -2,13 +2,17 @@
 
 Owns: the named workloads a user recognises — ``short`` (uniform short responses),
 ``longtail`` (lognormal per-request budgets: a few responses much longer than the rest),
-``pareto`` (heavier tail), ``task`` (the default task's real prompts, EOS decides),
+``pareto`` (heavier tail), ``longtail-grpo`` (``longtail`` trained with GRPO, groups of 4, KL in the
+loss: the critic-free path and TRL's GRPOTrainer as its peer), ``task`` (the default task's
+real prompts, EOS decides),
 ``reasoning`` (reasoning-gym questions, EOS decides, a long cap: the real long tail),
 ``tools`` (the same questions as multi-turn trajectories with the calculator environment;
 on the bench's random-weight models, which never write a tool call, the scripted
 environment instead, so the turns' mechanics are what is timed) — as
 config overrides, the rule reward a workload adds to the reward model's score, and the
-``quick`` / ``full`` presets (models, batch, steps, repeats, extra overrides).
+``quick`` / ``full`` / ``gpu`` presets (models, batch, steps, repeats, extra overrides; ``gpu``:
+Qwen2.5-0.5B-shaped random actor and reward model, batch 64, budgets up to 1,024 tokens,
+sized for one lent GPU, scripts/gpu_bench.sh).
 Leaves out: running them (``bench.runner``), the bench's own models (``bench.models``).
 """
 
@@ -21,6 +25,8 @@ from colocate.bench.models import eos_prone_actor, small_models
 WORKLOADS: dict[str, list[str]] = {
     "short": ["rollout.length_dist=fixed", "rollout.ignore_eos=true"],
     "longtail": ["rollout.length_dist=lognormal", "rollout.length_sigma=1.0", "rollout.ignore_eos=true"],
+    "longtail-grpo": ["rollout.length_dist=lognormal", "rollout.length_sigma=1.0", "rollout.ignore_eos=true",
+                      "ppo.advantage=grpo", "rollout.group_size=4", "ppo.kl_in=loss"],
     "pareto": ["rollout.length_dist=pareto", "rollout.pareto_alpha=1.2", "rollout.ignore_eos=true"],
     "task": ["rollout.length_dist=fixed", "rollout.ignore_eos=false"],
     # + data.source=reasoning-gym:<preset's task>; reward = reward model + the task's scorer
@@ -54,11 +60,15 @@ class Preset:
     steps: int  # measured steps per (mode, repeat), after one warm-up step
     batch_size: int
     max_new_tokens: int
-    models: str  # "small": built by the bench (random weights); "default": SmolLM2 + sentiment RM
+    # "small": built by the bench (random weights); "default": SmolLM2 + sentiment RM; a
+    # MODEL_SHAPES name (e.g. "qwen2.5-0.5b"): random actor and reward model of that shape
+    models: str
     peer_updates: int  # measured TRL updates (0: no peer); the bench times repeats x steps of them, >= 4
     reasoning_tokens: int = 256  # the reasoning workload's cap (EOS decides below it)
     reasoning_task: str = REASONING_TASK  # a reasoning-gym dataset name
     overrides: tuple[str, ...] = ()  # config overrides of every workload (trainer switches, e.g. ppo.*)
+    peer_min_updates: int = 4  # the TRL peer's measured updates are at least this many (bench.suite.peer_rounds)
+    note: str = ""  # a line of the report's header (what the preset's comparison is, and is not)
 
     def short_tokens(self) -> int:
         return max(4, self.max_new_tokens // 4)
@@ -83,6 +93,19 @@ PRESETS = {
                     max_new_tokens=64, models="small", peer_updates=2, reasoning_tokens=128),
     "full": Preset("full", ("short", "longtail", "task", "reasoning"), repeats=3, steps=4, batch_size=16,
                    max_new_tokens=128, models="default", peer_updates=3, reasoning_tokens=256),
+    # one lent GPU, one device call of ~8 minutes (scripts/gpu_bench.sh, issue 53): GRPO first,
+    # then PPO; 1 repeat x 2 steps (the script's deadline drops modes, not the report, when
+    # short), 2 TRL updates (HF generate of 64 x 1,024 tokens is ~25 s each). The engines'
+    # threads are fixed so every mode shares one session (on CUDA threads do not matter; two
+    # sessions would hold four engines), their static memory at 0.2 of the card each.
+    "gpu": Preset("gpu", ("longtail-grpo", "longtail"), repeats=1, steps=2, batch_size=64, max_new_tokens=1024,
+                  models="qwen2.5-0.5b", peer_updates=2, peer_min_updates=2,
+                  overrides=("engines.actor_threads=1", "engines.reward_threads=1",
+                             "engines.mem_fraction_static=0.2"),
+                  note=("Random weights never choose EOS: colocate's budgets are lognormal (median cap/4, capped at "
+                        "the cap, `ignore_eos`), while the TRL peer generates every response to the cap; compare "
+                        "the peer in response tokens/s (samples/s favours colocate). The TRL peers generate with "
+                        "HF `generate`, no vLLM (`use_vllm=False`; vLLM cannot be carried to the GPU machine).")),
 }
 
 

@@ -137,7 +137,15 @@ def _bench_default(module: str, cls: str, field: str):
 @main.command()
 @click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
 @click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
-@click.option("--workloads", default="", help="Comma list of short,longtail,pareto,task,reasoning,tools (default: the preset's; tools: multi-turn with the calculator).")
+@click.option("--gpu", "preset", flag_value="gpu", help="One GPU: Qwen2.5-0.5B-shaped random actor and reward model, "
+              "GRPO and PPO, batch 64, long-tailed budgets up to 1,024 tokens (scripts/gpu_bench.sh).")
+@click.option("--shape", default="", help="Random actor and reward model of this shape instead of the preset's models "
+              "(e.g. tiny for a dry run, qwen2.5-0.5b).")
+@click.option("--batch", "batch_size", type=int, default=0, help="Batch size (default: the preset's).")
+@click.option("--max-new-tokens", type=int, default=0, help="Response cap (default: the preset's).")
+@click.option("--budget-s", type=float, default=0.0, help="Seconds for the whole bench (0: no limit); modes, "
+              "peers and workloads that no longer fit are left out and named in the report.")
+@click.option("--workloads", default="", help="Comma list of short,longtail,longtail-grpo,pareto,task,reasoning,tools (default: the preset's; tools: multi-turn with the calculator).")
 @click.option("--modes", default="sequential,intra,inter,oppo", show_default=True, help="Comma list of modes.")
 @click.option("--repeats", type=int, default=0, help="Repeats per mode (default: the preset's).")
 @click.option("--steps", type=int, default=0, help="Measured steps per mode and repeat (default: the preset's).")
@@ -168,8 +176,8 @@ def _bench_default(module: str, cls: str, field: str):
               'ppo.kl_in=loss". Repeatable.')
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
-def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides, contended_above,
-          quiet_wait, convergence, convergence_steps, eval_every, variants, out):
+def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides,
+          contended_above, quiet_wait, convergence, convergence_steps, eval_every, variants, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
     peer, the lower bound; writes report.md, results.json and plots. With
     --convergence: time to reward (sequential vs oppo) instead.
@@ -178,6 +186,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_s
     Examples:
       colocate bench --quick
       colocate bench --full --workloads reasoning --repeats 5
+      colocate bench --gpu --budget-s 420        # one lent GPU (scripts/gpu_bench.sh)
       colocate bench --full --convergence --convergence-steps 30
       colocate bench --full --convergence --variant "grpo ppo.advantage=grpo rollout.group_size=4"
     """
@@ -185,6 +194,7 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_s
     from colocate.bench.contention import GuardOptions
     from colocate.bench.convergence import ConvergenceOptions
     from colocate.bench.suite import BenchOptions, run
+    from colocate.assets.models import MODEL_SHAPES
     from colocate.bench.workloads import MODES, PAUSE_MODES, WORKLOADS, valid_mode
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -193,6 +203,8 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_s
     if bad:
         raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)} or auto (inter, oppo and auto also as "
                             f"MODE/PAUSE, PAUSE one of {list(PAUSE_MODES)}), workloads {sorted(WORKLOADS)}")
+    if shape and shape not in MODEL_SHAPES:
+        raise ColocateError(f"--shape: unknown {shape!r}; choose from {sorted(MODEL_SHAPES)}")
     if convergence and (convergence_steps < 1 or eval_every < 1):
         raise ColocateError("--convergence-steps and --eval-every must be >= 1")
     parsed = tuple((v.split()[0], tuple(v.split()[1:])) for v in variants if v.split())
@@ -211,7 +223,8 @@ def bench(preset, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_s
             if convergence else None)
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,
                         peer=not no_peer, peer_dtype=peer_dtype or "", out_dir=out, chunk_size=chunk_size,
-                        delta=delta, overrides=tuple(overrides),
+                        delta=delta, overrides=tuple(overrides), shape=shape, budget_s=budget_s,
+                        batch_size=batch_size, max_new_tokens=max_new_tokens,
                         guard=GuardOptions(limit_cores=contended_above, quiet_wait_s=quiet_wait), convergence=conv)
     folder = run(opts, log=lambda m: click.echo(m, err=True))
     click.echo((folder / "report.md").read_text())

@@ -1,6 +1,8 @@
 """The GPU check of the engine path (scripts/gpu_engine_check.sh) keeps working on CPU: its
 wiring end to end (every stage invoked, what comes back written, on a spent budget so no
-engine starts), and its loop parts on the suite's shared engines (``engine_pool``)."""
+engine starts), and its loop parts on the suite's shared engines (``engine_pool``). The GPU
+bench (scripts/gpu_bench.sh, issue 53) too: its CPU dry run on tiny shapes writes the report
+with every mode's row and the TRL peer's line, and a spent budget leaves workloads out by name."""
 
 from __future__ import annotations
 
@@ -76,3 +78,55 @@ def test_the_kits_xgrammar_stand_in_lets_sglangs_detokenizer_import_its_tool_par
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "closers []" in proc.stdout
+
+
+def _gpu_bench(tmp_path, **env):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "scripts/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "DEVICE": "cpu", "OUT": str(out), **env})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out, (out / "log.txt").read_text()
+
+
+def test_the_gpu_bench_dry_run_reports_every_mode_and_the_trl_grpo_peer(tmp_path):
+    out, log = _gpu_bench(tmp_path, WORKLOADS="longtail-grpo", STEPS="1", BATCH="8", TOKENS="16")
+    assert "attention torch_native (colocate's rule)" in log and "bench rc 0" in log
+    report = (out / "report.md").read_text()
+    assert "# colocate bench — preset `gpu`" in report and "no vLLM" in report and "response tokens/s" in report
+    for mode in ("sequential", "oppo", "intra", "inter", "auto"):
+        assert f"\n| {mode} | " in report, mode
+    assert "TRL GRPO (trl " in report and "groups of 4" in report and "oppo / TRL = " in report
+    results = json.loads((out / "results.json").read_text())
+    summary = results["workloads"]["longtail-grpo"]["summary"]
+    assert set(summary) == {"sequential", "oppo", "intra", "inter", "auto"}
+    assert results["preset"]["models"] == "tiny" and results["preset"]["batch_size"] == 8
+    assert results["workloads"]["longtail-grpo"]["left_out"] == []
+    steps = [json.loads(line) for line in (out / "longtail-grpo_steps.jsonl").read_text().splitlines()]
+    assert sorted(r["mode"] for r in steps) == sorted(summary) and all(r["trained_samples"] == 8 for r in steps)
+    assert (out / "trl-grpo4-16.json").is_file() and (out / "gpu_steps.tsv").read_text().count("\n") == 5
+
+
+def test_a_spent_gpu_bench_budget_leaves_the_workloads_out_by_name_and_still_writes_the_report(tmp_path):
+    out, log = _gpu_bench(tmp_path, GPU_BENCH_S="40", BATCH="8", TOKENS="16")  # the bench gets 30 s: none fits
+    report = (out / "report.md").read_text()
+    for workload in ("longtail-grpo", "longtail"):
+        assert f"workload {workload}: left out" in log
+        assert f"### workload `{workload}`\n\nLeft out: the 30 s budget was spent." in report
+
+
+def test_under_a_deadline_the_first_two_modes_run_and_later_ones_keep_the_peers_reserve(tmp_path, tiny_pair,
+                                                                                       run_overrides, engine_pool):
+    """The GPU bench's order of worth (bench.runner.run_workload): sequential and oppo start
+    while the deadline allows; from the third (mode, repeat) on, the workload's TRL peer's
+    reserve is kept free, so a mode that would eat into it is left out and listed (the tiny
+    models' sessions: one for all four modes, their engine threads fixed)."""
+    from colocate.bench import runner
+    from colocate.config import load_config
+
+    cfg = load_config(overrides=run_overrides(tiny_pair("ppo", 0, 2), tmp_path, "rollout.max_new_tokens=8",
+                                              "run.eval_every=0", "engines.actor_threads=1",
+                                              "engines.reward_threads=1"))
+    data = runner.run_workload(cfg, ["sequential", "oppo", "intra", "inter"], 1, 2, lambda m: None,
+                               deadline=time.monotonic() + 3600, reserve_s=1e6)
+    assert [r["mode"] for r in data["records"]] == ["sequential", "sequential", "oppo", "oppo"]
+    assert data["left_out"] == [{"mode": "intra", "repeat": 0}, {"mode": "inter", "repeat": 0}]

@@ -87,7 +87,8 @@ def test_peer_line_is_like_for_like_when_the_peer_computes_in_colocates_precisio
 
 
 def test_reasoning_workload_stops_at_eos_on_reasoning_gym_prompts_with_a_long_cap():
-    for name, preset in PRESETS.items():
+    for name in ("quick", "full"):  # the gpu preset runs the synthetic long tail only (random weights, ignore_eos)
+        preset = PRESETS[name]
         assert "reasoning" in preset.workloads
         o = workload_overrides(preset, "reasoning")
         assert "rollout.ignore_eos=false" in o and f"data.source=reasoning-gym:{preset.reasoning_task}" in o
@@ -187,3 +188,23 @@ def test_the_report_gives_trainer_tokens_computed_against_the_samples_tokens():
     assert s["oppo"]["train_tokens"]["computed"]["median"] == 500
     assert "oppo 500 of 900 sample tokens (0.56x)" in markdown("reasoning", s, None, {})
     assert "Trainer tokens" not in markdown("reasoning", summarize([_rec("oppo", 0, 2.0)], {}, ["oppo"]), None, {})
+
+
+def test_the_gpu_preset_is_the_issue_53_workload_and_a_dry_run_shrinks_it_without_changing_its_shape():
+    """One lent GPU: Qwen2.5-0.5B-shaped random actor and reward model, batch 64, lognormal
+    budgets up to 1,024 tokens with ignore_eos, GRPO (groups of 4) first then PPO; every mode
+    on one session (fixed engine threads); the TRL peers to the cap, compared in tokens/s."""
+    from colocate.bench.suite import _preset, peer_group
+    from colocate.config import load_config
+
+    p = _preset(BenchOptions(preset="gpu"))
+    assert (p.models, p.batch_size, p.max_new_tokens, p.workloads) == ("qwen2.5-0.5b", 64, 1024,
+                                                                       ("longtail-grpo", "longtail"))
+    assert p.peer_updates == 2 and "no vLLM" in p.note and "response tokens/s" in p.note
+    grpo, ppo = (load_config(overrides=workload_overrides(p, w)) for w in p.workloads)
+    assert (grpo.rollout.length_dist, grpo.rollout.ignore_eos, grpo.rollout.max_new_tokens) == ("lognormal", True, 1024)
+    assert (peer_group(grpo), peer_group(ppo)) == (4, 0)  # TRL's GRPOTrainer, then TRL's PPO
+    assert grpo.engines.actor_threads == grpo.engines.reward_threads == 1 and grpo.engines.cuda_graph is True
+    assert peer_shape(p, "longtail-grpo") == (1024, False)  # the peer runs every response to the cap
+    dry = _preset(BenchOptions(preset="gpu", shape="tiny", batch_size=8, max_new_tokens=16))
+    assert (dry.models, dry.batch_size, dry.max_new_tokens, dry.workloads) == ("tiny", 8, 16, p.workloads)
