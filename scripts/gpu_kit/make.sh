@@ -14,7 +14,9 @@
 # benchmark/, and the Rust HTTP/gRPC/multimodal server extensions (srt/rust_extensions/_*.so);
 # the Rust radix tree (built against torch 2.14.1's ABI) stays but is switched off by
 # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python. transformers 5.19 (SGLang's and colocate's
-# pin; the image has 5.17), peft 0.21.2 and the pure-Python servers SGLang imports come along.
+# pin; the image has 5.17), peft 0.21.2 and the pure-Python servers SGLang imports come along,
+# and trl 1.12.0, datasets 5.2.0 and multiprocess for the GPU bench's TRL peers (scripts/gpu_bench.sh;
+# the image has accelerate, pyarrow, pandas, xxhash, fsspec).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=.gpukit
@@ -27,7 +29,8 @@ python3 -m pip download -q "${P[@]}" sglang==0.5.23 torch_memory_saver==0.0.10 \
   msgspec==0.22.0 pyzmq==27.3.0 orjson pybase64 setproctitle partial-json-parser dill gguf \
   pydantic pydantic-core annotated-types typing-inspection fastapi starlette uvicorn opentelemetry-api \
   openai==2.8.0 jiter distro sniffio compressed-tensors==0.18.0 loguru typing-extensions \
-  transformers==5.19.0 peft==0.21.2 nltk-vader-sentiment==1.0.0
+  transformers==5.19.0 peft==0.21.2 nltk-vader-sentiment==1.0.0 \
+  trl==1.12.0 datasets==5.2.0 multiprocess==0.70.19
 rm -rf "$K/site"
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 \
