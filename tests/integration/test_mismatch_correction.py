@@ -10,10 +10,13 @@ and on 2 ranks); the loop reports `actor/mismatch_masked_frac` in a real run.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
+from colocate import api
+from colocate.config import load_config
 from colocate.trainer.advantages import actor_inputs
 from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer
@@ -161,3 +164,30 @@ def test_two_ranks_mask_and_normalise_as_one(world1, tiny_actor_path, tmp_path):
     assert 0 < one["stats"]["mismatch_masked_frac"] < 1
     close_steps(one | {"actor": single.state_dict()["actor"]["model"]},
                 two["result"] | {"actor": two["state"]["actor"]["model"]})
+
+
+@pytest.mark.slow
+def test_a_real_run_reports_the_masked_share_from_the_engines_log_probs(tiny_pair, run_overrides, engine_pool,
+                                                                        tmp_path):
+    """On real engines, with the KL in the loss (the first minibatch's old log-probs from
+    its forward, whose drift probe reads the same tokens): with IcePop's [0.5, 5] float32's
+    engine/trainer gap (< 1e-4) masks nothing; with a band of ±1e-7 every first-minibatch
+    token whose gap the probe saw above it is masked, so the share is > 0 when it saw one."""
+    models = tiny_pair("loop", 3, 4)  # test_ppo_loop's pair: the suite's pool has its engines
+    common = ("rollout.max_new_tokens=12", "run.eval_every=0", "ppo.kl_in=loss")
+    icepop = api.train(load_config(overrides=run_overrides(models, tmp_path / "icepop", "run.steps=2", *common,
+                                                           "ppo.rollout_correction=icepop")),
+                       quiet=True, engines=engine_pool)
+    assert [h["step"] for h in icepop.history] == [1, 2]
+    for h in icepop.history:
+        assert h["actor/logp_drift_max"] < 1e-3 and h["actor/mismatch_masked_frac"] == 0.0
+        assert math.isfinite(h["actor/policy_loss"]) and h["actor/steps"] > 0
+    upper = 1.0000001
+    tight = api.train(load_config(overrides=run_overrides(models, tmp_path / "tight", "run.steps=1", *common,
+                                                          "ppo.rollout_correction=token_mis",
+                                                          f"ppo.rollout_correction_upper={upper}")),
+                      quiet=True, engines=engine_pool)
+    (h,) = tight.history
+    assert 0.0 <= h["actor/mismatch_masked_frac"] <= 1.0
+    if h["actor/logp_drift_max"] > 1.01 * math.log(upper):
+        assert h["actor/mismatch_masked_frac"] > 0.0
