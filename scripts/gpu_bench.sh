@@ -90,7 +90,8 @@ for s in $ENGINE_SETS; do SETS+=(--set "$s"); done
 [ "$ATTN" = sglang-pick ] || SETS+=(--set engines.attention_backend="$ATTN")
 echo "== bench: $SHAPE, batch $BATCH x $TOKENS tokens, modes $MODES, attention $ATTN (colocate's rule), $(left) s left"
 (while sleep 15; do pack; done) & PACKER=$!
-timeout $(( $(left) > 20 ? $(left) - 5 : 15 )) colocate bench --gpu --shape "$SHAPE" --batch "$BATCH" \
+# the CLI through python3 (pip's console script may land off PATH on the image)
+timeout $(( $(left) > 20 ? $(left) - 5 : 15 )) python3 -c "from colocate.cli import main; main(prog_name='colocate')" bench --gpu --shape "$SHAPE" --batch "$BATCH" \
   --max-new-tokens "$TOKENS" --modes "$MODES" --budget-s $(( $(left) > 60 ? $(left) - 30 : 30 )) --out "$B" \
   ${WORKLOADS:+--workloads "$WORKLOADS"} ${STEPS:+--steps "$STEPS"} ${REPEATS:+--repeats "$REPEATS"} \
   $([ "${PEER:-1}" = 0 ] && echo --no-peer) "${SETS[@]}" > "$W/report.txt"
