@@ -216,7 +216,8 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
         for workload in preset.workloads:
             if deadline is not None and deadline - time.monotonic() < PEER_MIN_S:
                 log(f"workload {workload}: left out, {deadline - time.monotonic():.0f} s of the budget left")
-                sections += [f"### workload `{workload}`", "", f"Left out: the {opts.budget_s:.0f} s budget was spent.", ""]
+                sections += [f"### workload `{workload}`", "",
+                             f"Left out: the {opts.budget_s:.0f} s budget was spent.", ""]
                 continue
             sections += _workload(preset, opts, workload, (actor, rm), out, guard, peers, results, log, deadline)
             results["peer_raw"] = {peer_key(*k): p for k, p in peers.items()}
