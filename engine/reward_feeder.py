@@ -13,6 +13,9 @@ reward engine:
 
     python -m colocate.engine.reward_feeder --model RM_DIR --chunks ipc:///tmp/c --results ipc:///tmp/r
 
+Started by a run, it is given the run's pid (``--parent-pid``) and ends, with its engine's
+processes, when that process is gone (``engine.parent_watch``).
+
 Leaves out: when chunks are cut (``engine.streamed``) and reward shaping.
 """
 
@@ -27,6 +30,7 @@ import time
 from . import reward as rm
 from .channel import AsyncReceiver, AsyncSender, ChannelStats, validate_endpoint
 from .errors import RewardRequestError
+from .parent_watch import watch_parent
 from .wire import Heartbeat, Reorderer, ScoreError, ScoreResult, Shutdown, TokenChunk
 
 
@@ -196,7 +200,11 @@ def main() -> None:
     ap.add_argument("--trust-remote-code", action="store_true", help="run code the model folder ships")
     ap.add_argument("--engine-json", default=None,
                     help="every EngineConfig field as JSON (how colocate starts it); the flags above then only name the model")
+    ap.add_argument("--parent-pid", type=int, default=None,
+                    help="end (with this process's engine) once this process, the one that started it, is gone")
     args = ap.parse_args()
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid)  # before the engine starts: a kill -9 of the run leaves no orphan
     from .engine_config import EngineConfig
     from .runtime import SglangEngine
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -112,7 +113,8 @@ class Rollouts:
     def _start_feeder(self, feeder_engine: EngineConfig | None, log) -> None:
         """``feeder_engine``: the reward engine a feeder process starts for itself
         (``overlap.feeder=process``); None: the feeder scores on ``self.reward_engine``."""
-        self._tmp = tempfile.TemporaryDirectory(prefix="colocate-zmq-")
+        # its owner's pid in the name: what a killed run left is swept at the next start (colocate.run.leftovers)
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"colocate-zmq-{os.getpid()}-")
         chunks = f"ipc://{self._tmp.name}/chunks"
         results = f"ipc://{self._tmp.name}/results"
         self.client = ScoreClient(chunks, results, timeout_s=self.cfg.overlap.feeder_timeout_s)
@@ -121,7 +123,8 @@ class Rollouts:
         if feeder_engine is not None:
             cmd = [sys.executable, "-m", "colocate.engine.reward_feeder", "--model", feeder_engine.model_path,
                    "--chunks", chunks, "--results", results,
-                   "--engine-json", json.dumps(dataclasses.asdict(feeder_engine))]
+                   "--engine-json", json.dumps(dataclasses.asdict(feeder_engine)),
+                   "--parent-pid", str(os.getpid())]  # it ends with this process, kill -9 included
             self._feeder_proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[2]))
             log(f"reward feeder: own process (pid {self._feeder_proc.pid})")
             self._wait_first_heartbeat()

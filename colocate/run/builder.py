@@ -1,6 +1,8 @@
 """Construct a :class:`~colocate.run.session.Session` from a config.
 
-Owns the start-up order: distributed group → what is read and checked before any engine
+Owns the start-up order: distributed group → the run folder held (``api.train``'s:
+``colocate.run.run_folder``) and what killed runs left swept (``colocate.run.leftovers``)
+→ what is read and checked before any engine
 (:func:`start_inputs`: model folders, reward functions, tokenized prompts, each engine's
 context; ``colocate train --check`` runs it alone, ``colocate.run.dry_run``) → SGLang
 engines on every engine rank (``colocate.run.placement``; before FSDP sharding, so the
@@ -24,7 +26,7 @@ import torch
 from transformers import AutoTokenizer
 
 from colocate.assets import tasks
-from colocate.run import run_folder, timesharing, tp_exchange
+from colocate.run import leftovers, run_folder, timesharing, tp_exchange
 from colocate.config import Config
 from colocate.engine.live import check_pause_mode
 from colocate.engine.pool import EnginePool
@@ -321,11 +323,20 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         log = _quiet  # rank 0 speaks for the run
     folder = run_folder.claim(cfg, resume, log) if claim and dist.rank == 0 else None  # rank 0 writes it
     try:
+        _sweep(folder, log)
         return _build(cfg, dist, placement, resume, reward_fns, log, engines, env, folder)
     except BaseException:
         if folder is not None:
             folder.release()
         raise
+
+
+def _sweep(folder: run_folder.RunFolder | None, log: Callable[[str], None]) -> None:
+    """What killed runs left (``colocate.run.leftovers``): their temporary folders, and the
+    partial checkpoint writes in the run folder this run holds."""
+    removed = leftovers.sweep(folder.path / "checkpoints" if folder is not None else None)
+    if removed:
+        log(f"removed what ended runs left behind: {', '.join(map(str, removed))}")
 
 
 def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, reward_fns: Sequence[RewardFn],

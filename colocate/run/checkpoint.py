@@ -27,6 +27,7 @@ import torch
 from colocate.errors import ColocateError
 
 MANIFEST = "manifest.json"
+PARTIAL = re.compile(r"\.tmp_step_\d+_(\d+)")  # a write in progress (or cut short): its writer's pid last
 
 
 class CheckpointError(ColocateError):
@@ -66,6 +67,13 @@ def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict
     os.replace(tmp, final)
     _prune(root, keep)
     return final
+
+
+def partial_writes(root: Path) -> list[tuple[Path, int]]:
+    """The temporary folders of checkpoint writes under ``root`` (in progress, or left by a
+    writer that was killed) and each writer's pid."""
+    found = [(path, PARTIAL.fullmatch(path.name)) for path in Path(root).glob(".tmp_step_*")]
+    return [(path, int(m.group(1))) for path, m in found if m]
 
 
 def _prune(root: Path, keep: int) -> None:
