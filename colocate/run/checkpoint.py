@@ -4,9 +4,10 @@ Owns: writing a checkpoint folder (trainer state, run state incl. KL controller,
 position, RNG and the deferred buffer) so that a crash mid-write never damages the last
 good one: everything is written into a temporary sibling, a manifest with SHA-256
 checksums (and a JSON ``meta``: the models the run trains) is added, and the folder is
-renamed into place. Loading verifies the manifest and reads tensors and plain data only
-(``torch.load(weights_only=True)``): a part that pickles any other object is refused in one
-line, never executed.
+renamed into place; a write the disk refuses (full, a quota, a file size limit) is one
+line naming the newest checkpoint kept, its partial folder removed. Loading verifies the
+manifest and reads tensors and plain data only (``torch.load(weights_only=True)``): a part
+that pickles any other object is refused in one line, never executed.
 
 Leaves out: what the states contain (the trainer and the loop produce them).
 """
@@ -48,25 +49,53 @@ def save(root: Path, step: int, parts: dict[str, Any], keep: int = 2, meta: dict
     (JSON: e.g. the models the run trains) goes into the manifest, readable without torch.
     ``before_commit``: called once the parts are written, before the manifest (a test hook:
     ``run.fault_at``'s ``checkpoint`` point)."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    files = {}
-    for name, obj in parts.items():
-        path = tmp / f"{name}.pt"
-        torch.save(obj, path)
-        files[path.name] = _sha256(path)
-    if before_commit is not None:
-        before_commit()
-    record = {"step": step, "files": files} | ({"meta": meta} if meta else {})
-    (tmp / MANIFEST).write_text(json.dumps(record, indent=1))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files = {name + ".pt": _write_part(tmp / f"{name}.pt", obj) for name, obj in parts.items()}
+        if before_commit is not None:
+            before_commit()
+        record = {"step": step, "files": files} | ({"meta": meta} if meta else {})
+        (tmp / MANIFEST).write_text(json.dumps(record, indent=1))
+    except OSError as exc:  # a full disk, a quota, a file size limit: one line, the earlier ones kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_not_written(root, step, exc)) from None
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _prune(root, keep)
     return final
+
+
+def _write_part(path: Path, obj: Any) -> str:
+    """``obj`` saved at ``path`` -> its SHA-256. Through a Python file, so a failed write is
+    the OSError it is: torch's own file writer reports ENOSPC as "unexpected pos …", and its
+    zip writer, closing after a failed write, raises that RuntimeError over the OSError."""
+    try:
+        with path.open("wb") as f:
+            torch.save(obj, f)
+    except RuntimeError as exc:
+        cause = exc.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        raise cause from None
+    return _sha256(path)
+
+
+def _not_written(root: Path, step: int, exc: OSError) -> str:
+    """The one line of a checkpoint the disk refused: why, where, and the newest one kept."""
+    why = exc.strerror or str(exc) or type(exc).__name__
+    try:
+        kept = f"the earlier checkpoints are intact, the newest is '{latest(root)}'"
+    except CheckpointError:
+        kept = "no earlier checkpoint exists"
+    return (f"checkpoint of step {step} not written to '{root}': {why[:1].lower()}{why[1:]} (its partial files "
+            f"removed); {kept}; free space there, then continue with --resume {root.parent}")
 
 
 def partial_writes(root: Path) -> list[tuple[Path, int]]:
