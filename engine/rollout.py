@@ -124,12 +124,8 @@ class Sample:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Sample:
-        """A sample from `state`; one saved before samples carried a status (layouts <= 2)
-        gets the one its finish reason meant: finished on stop or length, else deferred."""
-        sample = cls(**state)
-        if "status" not in state:
-            sample.settle()
-        return sample
+        """A sample from `state` (`state()`'s values, the status included)."""
+        return cls(**state)
 
     def settle(self) -> None:
         """Its status once its stream ended, from the engine's finish reason: finished on

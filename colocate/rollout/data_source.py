@@ -11,8 +11,7 @@ what it defers), and its own state: :meth:`DataSource.state_dict` and :func:`red
 (a resume on another number of engine ranks).
 
 Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring
-them (``colocate.rollout.rollouts``), how older checkpoints stored this state
-(``colocate.run.checkpoint_layouts``).
+them (``colocate.rollout.rollouts``), the checkpoint's layout (``colocate.run.checkpoint_layout``).
 """
 
 from __future__ import annotations

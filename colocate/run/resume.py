@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from colocate.run import checkpoint, checkpoint_layouts
+from colocate.run import checkpoint
 from colocate.config import Config, from_dict, load_config, to_dict
 from colocate.errors import ConfigError
 
@@ -154,8 +154,7 @@ def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, S
             f"--resume: checkpoint '{where}' holds {held} ({_count(saved):,} parameters) but {key} is "
             f"'{_spec(part, configured)}' ({_count(live[part]):,} parameters; {diff}); "
             f"resume with the run's {key} or start a new run")
-    data = checkpoint_layouts.current(parts, cfg.reward.scale)["data"]
-    deferred = [d for state in data["ranks"] for d in state["deferred"]]
+    deferred = [d for state in parts.get("data", {}).get("ranks", []) for d in state["deferred"]]
     if deferred and cfg.overlap.mode == "sequential":
         raise ConfigError(f"overlap.mode=sequential would drop the {len(deferred)} deferred samples of "
                           f"checkpoint '{where}'; resume with overlap.mode=inter, intra or oppo")

@@ -8,8 +8,8 @@ source (``DataSource``: prompts, position, deferred samples), its rollout phase
 step, weight version, KL controller, phase) and what the run reads and writes
 (:class:`RunContext`); and what spans them: the plain-Python snapshot that lets a failed
 rollout checkpoint the last completed step, a checkpoint as those owners' states side by
-side (every engine rank's data source and rollout phase; older layouts are read by
-``colocate.run.checkpoint_layouts`` alone), and pushing the actor weights into this
+side (every engine rank's data source and rollout phase, in the one layout of
+``colocate.run.checkpoint_layout``), and pushing the actor weights into this
 rank's engine (also the first push, when an engine was kept from an earlier run). Leaves
 out: construction and start-up order (``colocate.run.builder``), where engines run
 (``colocate.run.placement``) and the step itself (``colocate.run.loop``).
@@ -28,7 +28,7 @@ import torch
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from colocate.run import checkpoint, checkpoint_layouts, weight_sync
+from colocate.run import checkpoint, checkpoint_layout, weight_sync
 from colocate import faults
 from colocate.config import Config
 from colocate.engine.runtime import SglangEngine
@@ -304,7 +304,7 @@ class Session:
         ranks = [r for r in all_gather_object(own, self.dist) if r is not None]  # every engine rank's
         if not self.is_main:
             return None
-        parts = {"layout": checkpoint_layouts.LAYOUT, "trainer": trainer_state, "run": plain["run"],
+        parts = {"layout": checkpoint_layout.LAYOUT, "trainer": trainer_state, "run": plain["run"],
                  "rng": plain["rng"], "data": {"base": self.data.base, "ranks": [d for d, _ in ranks]},
                  "rollout": {"ranks": [r for _, r in ranks]}}
         meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
@@ -313,13 +313,13 @@ class Session:
                                meta=meta, before_commit=lambda: self.fault("checkpoint", step))
 
     def restore(self, path: Path) -> None:
-        """Load the checkpoint at ``path`` (a run folder or a checkpoint; any layout) into the
+        """Load the checkpoint at ``path`` (a run folder or a checkpoint; today's layout) into the
         owners; the data sources' and rollout phases' states are dealt anew when the run had
         another number of engine ranks (``data_source.redistribute``; the Δ controller,
         chunk tuner and picker of its first engine rank go to every rank)."""
         where = checkpoint.latest(path)
         step, parts = checkpoint.load(where)
-        parts = checkpoint_layouts.current(parts, self.cfg.reward.scale)
+        checkpoint_layout.check(parts, where)  # one line for a checkpoint of an older colocate
         live = self.trainer.saved_shapes()  # no critic: critic-free; LoRA: the trainable tensors
         check_checkpoint(where, parts, live, self.cfg)  # one line, not torch's traceback, on other models
         self.trainer.load_state_dict(parts["trainer"])

@@ -1,7 +1,7 @@
 """Joining the engine ranks' rollouts, exchanging a rank's failure, and the ranks agreeing
 on a stop request (two gloo ranks where a collective is involved). Carrying every rank's
 deferred buffer across a resume on another number of ranks: ``test_data_source.py`` and
-``test_checkpoint_layouts.py``."""
+``test_checkpoint_layout.py``."""
 
 from __future__ import annotations
 

@@ -111,18 +111,11 @@ def test_missing_folder_checkpoint_or_config_is_one_line(tmp_path):
         resume.load_run_config(tmp_path / "run")
 
 
-def _parts(actor_shape, critic_shape, deferred=(), layout=2):
-    """A loaded checkpoint's parts: today's layout (what ``Session.restore`` checks, once
-    ``checkpoint_layouts.current`` has read it), or layout 0 (one engine rank, its deferred
-    buffer inside the top-level ``overlap``)."""
+def _parts(actor_shape, critic_shape, deferred=()):
+    """A loaded checkpoint's parts, in today's layout (what ``Session.restore`` checks)."""
     model = lambda shape: {"model": {"model.embed.weight": torch.zeros(shape), "model.norm.weight": torch.zeros(4)}}
     trainer = {"actor": model(actor_shape), "critic": model(critic_shape)}
-    if layout == 0:
-        scheduler = {"next_index": 4, "dropped_total": 0, "deferred": list(deferred),
-                     "delta": {"delta": 2, "rewards": []}}
-        return {"trainer": trainer, "run": {"step": 4, "data_pos": 4},
-                "overlap": {"scheduler": scheduler, "tuner": {"best": None, "round": -1, "trials": []}}}
-    return {"layout": 2, "trainer": trainer, "run": {"step": 4},
+    return {"layout": 3, "trainer": trainer, "run": {"step": 4},
             "data": {"base": 0, "ranks": [{"data_pos": 4, "next_index": 4, "dropped_total": 0,
                                            "deferred": list(deferred)}]},
             "rollout": {"ranks": [None]}}
@@ -159,12 +152,10 @@ def test_sequential_mode_would_drop_deferred_samples_so_it_is_refused(tmp_path):
     saved = make_run(tmp_path / "run")
     where = checkpoint.latest(tmp_path / "run")
     seq = load_config(overrides=[*RUN, "overlap.mode=sequential"])
-    for layout in (2, 0):  # today's and an older checkpoint's
-        with pytest.raises(ConfigError, match="overlap.mode=sequential would drop the 1 deferred samples"):
-            resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}], layout), _live((8, 4), (8, 4)),
-                                    seq)
-        resume.check_checkpoint(where, _parts((8, 4), (8, 4), (), layout), _live((8, 4), (8, 4)), seq)  # empty: fine
-        resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}], layout), _live((8, 4), (8, 4)), saved)
+    with pytest.raises(ConfigError, match="overlap.mode=sequential would drop the 1 deferred samples"):
+        resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), seq)
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4), ()), _live((8, 4), (8, 4)), seq)  # empty: fine
+    resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), saved)
 
 
 def test_cli_resume_prints_the_runs_config_and_refuses_another_actor(tmp_path):

@@ -72,33 +72,6 @@ def test_a_nan_from_a_function_stays_nan():
     assert math.isnan(_run(scorer.reward(_sample(0, []), 1.0)))
 
 
-def test_deferred_scores_of_an_older_checkpoint_get_reward_scale_once():
-    """Checkpoints written before the reward included reward.scale hold unscaled deferred
-    scores: scaled on load (``checkpoint_layouts.current``); newer ones (``scores_scaled``)
-    load as they are."""
-    from colocate.config import load_config
-    from colocate.rollout.data_source import DataSource
-    from colocate.rollout.rollouts import Rollouts
-    from colocate.run import checkpoint_layouts
-
-    cfg = load_config(overrides=["reward.scale=2.0"])
-    done = _sample(0, [5, 6])
-    done.finish_reason, done.score = "stop", 1.5
-    partial = _sample(1, [7])  # not finished: no score yet
-    for flag, want in (({}, 3.0), ({"scores_scaled": True}, 1.5)):
-        rollouts = Rollouts(cfg, None, None, None)  # sequential: no engine needed to hold state
-        # a layout 0 checkpoint: the rollout state with the deferred buffer inside its scheduler
-        saved = {"scheduler": {**rollouts.scheduler.state_dict(), "next_index": 2, "dropped_total": 0,
-                               "deferred": [done.state(), partial.state()]},
-                 "tuner": rollouts.tuner.state_dict()}
-        parts = checkpoint_layouts.current({"run": {"data_pos": 2}, "overlap": {**saved, **flag}}, cfg.reward.scale)
-        rollouts.load_state_dict(parts["rollout"]["ranks"][0])
-        data = DataSource([], cfg.rollout, cfg.run.seed)
-        data.load_state_dict(parts["data"]["base"], parts["data"]["ranks"][0])
-        assert [s.score for s in data.deferred] == [want, None]
-        rollouts.close()
-
-
 def _chars(text: str) -> list[int]:
     return [ord(c) for c in text]
 
