@@ -126,6 +126,12 @@ def compiled_cuda_kernels() -> bool:
     return any(next(Path(folder).rglob("*.so"), None) is not None for folder in folders)
 
 
+def child_quit(*_: Any) -> None:
+    """SIGQUIT from one of an engine's processes (SGLang's children send it to their parent
+    when they fail): nothing. colocate tells a dead child itself, in one line: at start
+    SGLang's start raises (``SglangEngine``), at run time ``engine.runtime.run_guarded``."""
+
+
 def _server_kwargs(cfg: EngineConfig, device: str, compiled_kernels: bool | None = None) -> dict[str, Any]:
     """SGLang's ``ServerArgs`` keywords of ``cfg`` on ``device``; ``compiled_kernels`` (None:
     :func:`compiled_cuda_kernels`) picks the CUDA attention backend when ``cfg`` names none."""
@@ -144,6 +150,9 @@ def _server_kwargs(cfg: EngineConfig, device: str, compiled_kernels: bool | None
         nccl_port=cfg.nccl_port,
         weight_version="0",  # numeric from the start: tokens carry exact version spans
         disable_overlap_schedule=not cfg.overlap_schedule or None,
+        # a failed child SIGQUITs its parent, whose SGLang handler then kills it whole: here
+        # the signal does nothing and SGLang's start raises instead (engine.runtime)
+        custom_sigquit_handler=child_quit,
     )
     if cfg.max_total_tokens is not None:
         kw["max_total_tokens"] = cfg.max_total_tokens

@@ -18,17 +18,20 @@ import asyncio
 import atexit
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import psutil
 
-from .engine_config import EngineConfig, _server_kwargs
+from .child_output import ChildOutput, last_line
+from .engine_config import EngineConfig, _server_kwargs, child_quit
 from .errors import EngineError, EngineStartError
-from .start_checks import check_allocator_conf, check_model, check_server_args, start_error
+from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api
 
@@ -42,6 +45,7 @@ class EngineDiedError(EngineError):
 # the memory the trainer just freed is not taken by KV before the push has room.
 WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
 STORE_PREFIX = "colocate-store-"  # a temporary folder per engine: its schedulers' process-group store
+OUTPUT_PREFIX = "colocate-engine-"  # a temporary file per engine: what its processes write (engine.child_output)
 MEMORY_TAGS = (WEIGHTS, KV_CACHE, CUDA_GRAPH)
 
 
@@ -50,27 +54,37 @@ class SglangEngine:
 
     def __init__(self, cfg: EngineConfig, *, field: str = "model_path"):
         self.cfg = cfg
-        self.architecture = check_model(cfg, field)
+        # one line before any of SGLang's processes starts: the folder, SGLang's arguments, its model class
+        self.architecture = check_startable(cfg, field)
         platform = sglang_api.prepare(cfg.device)
         self.device = platform.device
         if platform.device == "cuda" and cfg.enable_memory_saver:
             check_allocator_conf(os.environ)
         api = sglang_api.load()
-        if cfg.server_args:  # one line before any of SGLang's processes starts
-            check_server_args(cfg, sglang_api.server_arg_types(), platform.sglang_version)
         self._api = api
         started = time.perf_counter()
         free_before = _device_free_bytes(cfg.base_gpu_id) if platform.device == "cuda" else 0
         # the schedulers' process-group store: a file of this engine's own (no socket), gone at shutdown
         self._store_dir = Path(tempfile.mkdtemp(prefix=STORE_PREFIX))
+        before = _children()
+        self._output = ChildOutput(OUTPUT_PREFIX)  # what the engine's processes write, held while it starts
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
                     sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
                     sglang_api.child_rendezvous(self._store_dir / "store", platform.device, _shm_port(cfg)):
-                self._engine = api.Engine(**_server_kwargs(cfg, platform.device))
+                self._engine = api.Engine(**_server_kwargs(cfg, platform.device))  # a failed child raises here
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
+            said = last_line(self._output.failed())
+            self._output.close(keep=bool(said))
+            _stop(_children() - before)  # this start's processes: a detokenizer outlives its scheduler
             shutil.rmtree(self._store_dir, ignore_errors=True)
-            raise start_error(cfg, exc) from None
+            raise start_error(cfg, exc, architecture=self.architecture, said=said,
+                              log=self._output.path if said else None) from None
+        except BaseException:  # anything else (an interrupt): stderr back, SGLang's output kept
+            self._output.failed()
+            self._output.close(keep=True)
+            raise
+        self._output.started()
         self.start_seconds = time.perf_counter() - started
         # CUDA: the memory the engine took on its (first) GPU as it started: weights, KV pool,
         # graphs (what a release should give back; 0 on CPU)
@@ -92,6 +106,8 @@ class SglangEngine:
         # must run inside the engine's loop: outside one, SGLang makes a new loop of its own
         # and the tokenizer manager's receive task would never run.
         self.loop.run_until_complete(self._start_handle_loop())
+        if threading.current_thread() is threading.main_thread():  # where SGLang added its handler
+            self.loop.add_signal_handler(signal.SIGQUIT, child_quit)  # its running-phase one kills the process
         self.weight_version = 0
         self.requests = 0  # generate and score requests sent so far
         self.closed = False
@@ -126,7 +142,9 @@ class SglangEngine:
 
     def check_alive(self) -> None:
         if not self.alive():
-            raise EngineDiedError(f"the {self.cfg.label} died (its scheduler process is gone); "
+            self._output.pass_on()  # what its processes wrote last
+            said = f"; SGLang's last line: {self._output.last}" if self._output.last else ""
+            raise EngineDiedError(f"the {self.cfg.label} died (its scheduler process is gone){said}; "
                                   "resume from the last checkpoint with --resume")
 
     # ---- requests (async, on self.loop) ---------------------------------------------
@@ -324,7 +342,24 @@ class SglangEngine:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(procs, timeout=30)
+        self._output.close()
         shutil.rmtree(self._store_dir, ignore_errors=True)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop(pids: set[int]) -> None:
+    """Kill ``pids`` (processes of this one) and wait for them."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+            procs[-1].kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=30)
 
 
 def _shm_port(cfg: EngineConfig) -> int:

@@ -226,6 +226,42 @@ def load() -> SimpleNamespace:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """What an engine's scheduler will build for a model folder, read without starting one."""
+
+    architecture: str  # SGLang's class (TransformersForCausalLM where it falls back to transformers)
+    config: Any  # the Hugging Face config that class is built from (SGLang's ModelConfig.hf_config)
+
+
+def model_plan(model_path: str, *, trust_remote_code: bool, is_embedding: bool) -> ModelPlan:
+    """SGLang's model config of ``model_path`` and the class its registry resolves for it,
+    as a scheduler does before loading (after :func:`prepare`); raises what SGLang raises
+    (e.g. an architecture it has no class for). An architecture outside the classes
+    ``engine/sglang_models`` registers loads SGLang's whole registry once (seconds; its
+    import-time notes quietened)."""
+    prepare()
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    with _quiet_logger("sglang"):
+        config = ModelConfig(model_path, trust_remote_code=trust_remote_code, is_embedding=is_embedding)
+        cls, _ = get_model_architecture(config)
+    return ModelPlan(cls.__name__, config.hf_config)
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """Only errors of logger ``name`` inside this block (its level restored after)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @lru_cache(maxsize=1)
 def server_arg_types() -> dict[str, Any]:
     """SGLang's ``ServerArgs`` fields (what ``sglang.Engine(**kwargs)`` takes): name ->

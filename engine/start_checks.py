@@ -3,9 +3,12 @@
 Owns: the model folder checks (missing folder, wrong model family, non-causal reward
 model, shipped model code), the allocator setting SGLang's memory saver cannot work with,
 SGLang's own arguments (``engines.sglang``: the ones colocate sets itself refused without
-SGLang, unknown names and wrong scalar types against SGLang's ``ServerArgs``), and reading
-SGLang's start-up failures into a one-line :class:`EngineStartError` with a hint. Leaves
-out: starting the engine (``engine.runtime``), importing SGLang (``engine.sglang_api``).
+SGLang, unknown names and wrong scalar types against SGLang's ``ServerArgs``), whether
+SGLang can load the model (its model config built and class resolved as a scheduler would,
+and the limits of its classes found here: :data:`LOAD_LIMITS`), and reading SGLang's
+start-up failures (with the last line its processes wrote) into a one-line
+:class:`EngineStartError` with a hint. Leaves out: starting the engine
+(``engine.runtime``), importing SGLang (``engine.sglang_api``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from . import sglang_api
 from .errors import EngineConfigError, EngineStartError
 
 # Causal (decoder-only) sequence-classification models: a score at a position depends
@@ -71,6 +75,50 @@ def check_model(cfg, field: str) -> str:
     return arch
 
 
+# What SGLang cannot run although its registry has the class, found by starting each
+# family's tiny random model here (docs/config.md, models.actor): SGLang's class -> (whether
+# the config SGLang builds it from can run, why not and what to do)
+LOAD_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "Gemma2ForCausalLM": (
+        lambda c: hasattr(c, "hidden_act"),
+        "its model reads config.hidden_act, which this config.json lacks (transformers 5 writes only "
+        "hidden_activation); add \"hidden_act\": \"gelu_pytorch_tanh\" to it"),
+    "PhiForCausalLM": (
+        lambda c: getattr(c, "num_key_value_heads", None) in (None, c.num_attention_heads),
+        "its model has no grouped-query attention (num_key_value_heads must equal num_attention_heads)"),
+}
+
+
+def check_startable(cfg, field: str) -> str:
+    """Every check of an engine before its processes start (``cfg`` an ``EngineConfig``;
+    ``field`` the config key its model comes from): the model folder, SGLang's own
+    arguments, whether SGLang can load the model. Returns the folder's architecture."""
+    arch = check_model(cfg, field)
+    version = sglang_api.prepare(cfg.device).sglang_version
+    if cfg.server_args:
+        check_server_args(cfg, sglang_api.server_arg_types(), version)
+    check_loadable(cfg, field, version)
+    return arch
+
+
+def check_loadable(cfg, field: str, version: str) -> str:
+    """SGLang's model config of ``cfg.model_path`` built and its class resolved, as its
+    scheduler will (``sglang_api.model_plan``), and the class's known limits against that
+    config (:data:`LOAD_LIMITS`): a model SGLang cannot load is one line naming ``field``
+    before any engine process starts. Returns SGLang's class name."""
+    try:
+        plan = sglang_api.model_plan(cfg.model_path, trust_remote_code=cfg.trust_remote_code,
+                                     is_embedding=cfg.role == "reward")
+    except (ValueError, RuntimeError, KeyError, OSError, ImportError, AttributeError, TypeError) as exc:
+        raise EngineStartError(f"{field}: SGLang {version} cannot load '{cfg.model_path}': "
+                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+    runs, why = LOAD_LIMITS.get(plan.architecture, (lambda c: True, ""))
+    if not runs(plan.config):
+        raise EngineStartError(f"{field}: SGLang {version} cannot load '{cfg.model_path}', a {plan.architecture}: "
+                               f"{why}")
+    return plan.architecture
+
+
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
@@ -111,6 +159,7 @@ OWN_SERVER_ARGS = {
     "enable_memory_saver": _SLEEP,
     "enable_weights_cpu_backup": _SLEEP,
     "enable_metrics": f"{_ITSELF} (SGLang's metrics are process-wide: one engine per process)",
+    "custom_sigquit_handler": f"{_ITSELF} (a failed child is one line, not the end of this process)",
     **dict.fromkeys(("skip_tokenizer_init", "is_embedding", "weight_version", "sleep_on_idle", "enable_lora",
                      "max_lora_rank", "lora_target_modules", "lora_backend"), _ITSELF),
 }
@@ -186,10 +235,13 @@ def _is_a(value: Any, kind: type, optional: bool) -> bool:
 MEMORY_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "memoryerror")
 
 
-def start_error(cfg, exc: BaseException) -> EngineStartError:
-    """A one-line `EngineStartError` with a hint read from SGLang's start-up failure."""
+def start_error(cfg, exc: BaseException, *, architecture: str = "", said: str = "",
+                log: Path | None = None) -> EngineStartError:
+    """A one-line `EngineStartError` with a hint read from SGLang's start-up failure:
+    ``exc`` what SGLang's start raised, ``said`` the last line its processes wrote (a
+    scheduler's own error: it replaces ``exc``'s text), ``log`` the file holding all they wrote."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    low = text.lower()
+    low = f"{text} {said}".lower()
     if "duplicated timeseries" in low:
         hint = "another engine in this process already has SGLang metrics on; set enable_metrics=False"
     elif "exit code: -9" in low or any(m in low for m in MEMORY_MARKERS):
@@ -198,8 +250,12 @@ def start_error(cfg, exc: BaseException) -> EngineStartError:
         hint = "not enough memory: lower max_total_tokens / mem_fraction_static or use a smaller model"
     elif "not supported" in low or "architecture" in low:
         hint = "SGLang does not support this architecture"
+    elif said:
+        hint = f"SGLang could not load its {architecture or 'model'}"
     elif "died during initialization" in low:
         hint = "its scheduler process failed while starting; set engines.log_level=info for SGLang's own error"
     else:
         hint = "set engines.log_level=info for SGLang's own log"
-    return EngineStartError(f"could not start the {cfg.label}: {hint} ({text[:200]})")
+    where = f" (all SGLang wrote: {log})" if log is not None else ""
+    return EngineStartError(f"could not start the {cfg.label}: {hint}: {' '.join(said.split()) or text[:200]}{where}"
+                            if said else f"could not start the {cfg.label}: {hint} ({text[:200]})")

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -50,7 +51,10 @@ TINY_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-Arch = Literal["llama", "qwen2"]
+# transformers' model types a tiny random model is built for: Llama and Qwen2 for the suite;
+# every family of docs/config.md's table (models.actor: which ones SGLang runs here)
+Arch = Literal["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "phi", "olmo2",
+               "granite", "smollm3", "glm4", "starcoder2", "stablelm"]
 
 # Real models' shapes (architecture, hidden, intermediate, layers, heads, kv heads, vocab;
 # embeddings tied as in the originals), for random-weight stand-ins: a step's time and
@@ -357,20 +361,21 @@ def build_tiny_bidirectional_model(path: str | os.PathLike[str], *, seed: int = 
 def _tiny_config(
     arch: Arch, hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, max_positions: int, **extra: object
 ) -> PretrainedConfig:
-    from transformers import LlamaConfig, Qwen2Config  # transformers on demand: the cache helpers stay light
+    from transformers import AutoConfig  # transformers on demand: the cache helpers stay light
 
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-    if arch not in configs:
-        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
+    if arch not in typing.get_args(Arch):
+        raise ValueError(f"arch must be one of {sorted(typing.get_args(Arch))}, got {arch!r}")
     if vocab < TINY_VOCAB_SIZE:
         raise ValueError(f"vocab must cover the tiny tokenizer ({TINY_VOCAB_SIZE} tokens), got {vocab}")
-    return configs[arch](
+    return AutoConfig.for_model(
+        arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
+        **({"head_dim": hidden // heads} if arch.startswith("gemma") else {}),  # Gemma's default: 256
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         bos_token_id=TINY_BOS_ID,

@@ -31,7 +31,7 @@ from colocate.config import Config
 from colocate.engine.live import check_pause_mode
 from colocate.engine.pool import EnginePool
 from colocate.engine.engine_config import EngineConfig
-from colocate.engine.start_checks import check_remote_code
+from colocate.engine.start_checks import check_remote_code, check_startable
 from colocate.engine.timeline import Timeline
 from colocate.errors import ConfigError
 from colocate.rollout.env import Environment
@@ -272,8 +272,10 @@ class StartInputs:
 def start_inputs(cfg: Config, env: Environment | None, placement: Placement, world_size: int,
                  reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True) -> StartInputs:
     """Models resolved, remote code, world size, reward functions loaded, prompts tokenized
-    (``data.max_prompt_tokens``), prompt + budget against each engine's context and KV
-    pool: every refusal one line, no engine started. ``build_models=False``: a reward
+    (``data.max_prompt_tokens``), each engine's model against SGLang (its folder, arguments,
+    model class and config: ``engine.start_checks.check_startable``, on ranks that host
+    engines), prompt + budget against each engine's context and KV pool: every refusal one
+    line, no engine started. ``build_models=False``: a reward
     model alias that is not built yet is not built (its context is then not checked)."""
     actor_path = resolve_model(cfg.models.actor, "models.actor")
     use_rm = cfg.reward.kind == "model"
@@ -291,6 +293,10 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
         ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
     prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
+    if placement.hosts_engines:  # SGLang can load each model: one line here, not a scheduler's traceback
+        for engine_cfg, field in ((actor_cfg, "models.actor"), (reward_cfg, "models.reward")):
+            if engine_cfg is not None:
+                check_startable(engine_cfg, field)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
     return StartInputs(actor_path, reward_path, critic_path, fns, tokenizer, prompts, eval_prompts, actor_cfg,
                        reward_cfg)

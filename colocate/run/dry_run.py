@@ -3,10 +3,10 @@ and nothing else.
 
 Owns: :func:`check` (the config's environment, the device's choices, the run folder
 (``colocate.run.run_folder``: no earlier run's records, no other run holding it), then
-``builder.start_inputs`` — models, remote code, world size, reward functions, prompts
-loaded and tokenized against ``data.max_prompt_tokens``, prompt + budget against each
-engine's context and KV pool — for rank 0 of ``--nproc`` processes on one node) and its
-one-line :class:`CheckReport`.
+``builder.start_inputs`` — models (and whether SGLang can load them), remote code, world
+size, reward functions, prompts loaded and tokenized against ``data.max_prompt_tokens``,
+prompt + budget against each engine's context and KV pool — for rank 0 of ``--nproc``
+processes on one node) and its one-line :class:`CheckReport`.
 
 Leaves out: what only a started run knows (engines' refusals, a checkpoint's tensors
 against the models: ``colocate.run.session``); building a reward model alias that is not

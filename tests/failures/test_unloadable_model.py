@@ -1,0 +1,70 @@
+"""Item 5 of issue 50: a model SGLang cannot load is one line and exit 2, not a scheduler's
+traceback and the whole process killed (SGLang's scheduler SIGQUITs its parent, whose
+handler kills the process tree: exit 137).
+
+Refused before any engine starts (``engine.start_checks.check_startable``: SGLang's model
+config built and its class resolved as a scheduler would, then the class's limits found
+here): a tiny random Gemma-2 actor (transformers 5's Gemma2Config writes no ``hidden_act``,
+which SGLang 0.5.23's gemma2 model reads) under ``colocate train --check`` and ``colocate
+train``. A model that passes those checks but fails inside the scheduler (a weights file
+cut short) reaches the start's own failure path: one line naming the folder, the
+architecture and SGLang's own last line, the process alive (exit 2, not 137), SGLang's
+whole output kept in the file the line names."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colocate.assets.models import build_tiny_causal_lm
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMMA2_LINE = ("error: models.actor: SGLang 0.5.23 cannot load '{path}', a Gemma2ForCausalLM: its model reads "
+               "config.hidden_act, which this config.json lacks (transformers 5 writes only hidden_activation); "
+               "add \"hidden_act\": \"gelu_pytorch_tanh\" to it")
+
+
+def _colocate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "colocate.cli", *args], cwd=str(cwd), capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory) -> Path:
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("gemma2") / "actor", arch="gemma2")
+
+
+@pytest.mark.parametrize("command", [["train", "--check"], pytest.param(["train"], marks=pytest.mark.slow)],
+                         ids=["check", "run"])
+def test_a_gemma2_actor_is_refused_in_one_line_before_any_engine(gemma2, tmp_path, command):
+    out = tmp_path / "run"
+    done = _colocate(*command, f"--set=models.actor={gemma2}", "--set=reward.kind=rule", "--set=reward.rule=vader",
+                     "--set=engines.device=cpu", f"--set=run.out_dir={out}", "--set=run.steps=1", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [GEMMA2_LINE.format(path=gemma2)], done.stderr[-3000:]
+    assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_model_the_scheduler_cannot_load_is_one_line_and_the_process_lives(tmp_path):
+    """The folder passes every check (its config is a Llama's); SGLang's scheduler fails
+    reading the cut weights and SIGQUITs its parent, which lives to print one line."""
+    folder = build_tiny_causal_lm(tmp_path / "cut", arch="llama")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    done = _colocate("generate", str(folder), "--prompt=hi", "--max-new-tokens=4", "--device=cpu", cwd=tmp_path)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])  # not 137: nothing killed the process
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]  # not SGLang's traceback
+    line = re.fullmatch(rf"error: could not start the actor engine \({re.escape(str(folder))}\): SGLang could not "
+                        r"load its LlamaForCausalLM: (.+) \(all SGLang wrote: (/\S+\.log)\)", lines[0])
+    assert line, lines[0]
+    said, log = line.groups()
+    assert "Error" in said and "Traceback" not in said
+    kept = Path(log).read_text()
+    assert "Traceback (most recent call last)" in kept and said in kept  # nothing SGLang wrote is lost
+    Path(log).unlink()
