@@ -293,11 +293,11 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
         ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
     prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
+    check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before SGLang is imported
     if placement.hosts_engines:  # SGLang can load each model: one line here, not a scheduler's traceback
         for engine_cfg, field in ((actor_cfg, "models.actor"), (reward_cfg, "models.reward")):
             if engine_cfg is not None:
                 check_startable(engine_cfg, field)
-    check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before any engine work
     return StartInputs(actor_path, reward_path, critic_path, fns, tokenizer, prompts, eval_prompts, actor_cfg,
                        reward_cfg)
 

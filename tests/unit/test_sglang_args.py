@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -112,6 +113,10 @@ def test_compiled_kernels_are_found_by_their_extension_modules_not_by_the_packag
     fake.mkdir()
     (fake / "__init__.py").write_text("IS_COLOCATE_CUDA_PROBE_STANDIN = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    # an engine started earlier in this process imported colocate's CPU stand-in as sgl_kernel,
+    # and find_spec answers from sys.modules first
+    for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
+        monkeypatch.delitem(sys.modules, name)
     engine_config.compiled_cuda_kernels.cache_clear()
     try:
         assert engine_config.compiled_cuda_kernels() is False
@@ -119,7 +124,7 @@ def test_compiled_kernels_are_found_by_their_extension_modules_not_by_the_packag
         (fake / "sm90" / "common_ops.abi3.so").write_bytes(b"")
         engine_config.compiled_cuda_kernels.cache_clear()
         assert engine_config.compiled_cuda_kernels() is True
-        assert "sgl_kernel" not in __import__("sys").modules  # found, never imported
+        assert "sgl_kernel" not in sys.modules  # found, never imported
     finally:
         engine_config.compiled_cuda_kernels.cache_clear()
 
