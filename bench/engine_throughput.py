@@ -28,12 +28,13 @@ def _prompts(tokenizer, batch: int) -> list[list[int]]:
 
 
 def _sglang_once(engine, prompts, n) -> float:
-    from colocate.engine import rollout
+    from colocate.rollout import generation
+    from colocate.rollout.sample import Sample
 
-    samples = [rollout.Sample(i, p, n) for i, p in enumerate(prompts)]
+    samples = [Sample(i, p, n) for i, p in enumerate(prompts)]
     t = time.perf_counter()
     engine.loop.run_until_complete(
-        rollout.generate(engine, samples, {"temperature": 0.0, "ignore_eos": True}, f"bt{int(t*1e3) % 10**8:08d}"))
+        generation.generate(engine, samples, {"temperature": 0.0, "ignore_eos": True}, f"bt{int(t*1e3) % 10**8:08d}"))
     took = time.perf_counter() - t
     engine.flush_cache()
     return sum(len(s.output_ids) for s in samples) / took

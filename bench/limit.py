@@ -21,17 +21,18 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     """Decode tokens/s of a full batch on the actor engine; prefill tokens/s of the
     reward engine on the same sequences from scratch."""
     from colocate.engine import reward as rm
-    from colocate.engine import rollout
+    from colocate.rollout import generation
+    from colocate.rollout.sample import Sample
 
     B = session.cfg.rollout.batch_size + session.cfg.overlap.delta_max
     prompts = [list(p.ids) for p in session.data.prompts[:B]] or [[1, 2, 3]] * B
-    samples = [rollout.Sample(i, p, tokens) for i, p in enumerate(prompts)]
+    samples = [Sample(i, p, tokens) for i, p in enumerate(prompts)]
     loop = session.actor.loop
-    warm = [rollout.Sample(i, p, 4) for i, p in enumerate(prompts)]
-    loop.run_until_complete(rollout.generate(session.actor, warm, {"temperature": 1.0, "ignore_eos": True}, "probw"))
+    warm = [Sample(i, p, 4) for i, p in enumerate(prompts)]
+    loop.run_until_complete(generation.generate(session.actor, warm, {"temperature": 1.0, "ignore_eos": True}, "probw"))
     session.actor.flush_cache()
     t = time.perf_counter()
-    loop.run_until_complete(rollout.generate(session.actor, samples, {"temperature": 1.0, "ignore_eos": True}, "probe"))
+    loop.run_until_complete(generation.generate(session.actor, samples, {"temperature": 1.0, "ignore_eos": True}, "probe"))
     decode_s = time.perf_counter() - t
     out = {"decode_tokens_per_s": sum(len(s.output_ids) for s in samples) / decode_s, "probe_batch": B}
     if session.reward_engine is not None:

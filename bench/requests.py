@@ -6,7 +6,7 @@ fresh and of resumed requests, tokens re-prefilled by resumed requests, adopted 
 streams), :func:`summary` (medians per mode) with its markdown table, and
 :func:`plot` (per mode, one step's requests as bars from launch or adoption to end or
 park, coloured by fate, with the running batch size beneath). The events come from
-``colocate.engine.timeline`` (``run.timeline``; the bench always keeps one) through the
+``colocate.monitor.timeline`` (``run.timeline``; the bench always keeps one) through the
 ``<workload>_requests.jsonl`` journal.
 
 Leaves out: recording the events (``colocate``), the step-level numbers (``bench.report``).
@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from colocate.engine.timeline import STEP, running_batch
+from colocate.monitor.timeline import STEP, running_batch
 
 TAIL_BATCH = 2  # a running batch this small decodes at the memory-bound rate: the long tail
 

@@ -1,1 +1,1 @@
-"""Everything that talks to SGLang: engines, streaming rollout, reward scoring, scheduling."""
+"""Everything that talks to SGLang: engines, generation and reward requests, weight pushes, the reward feeder and its ZeroMQ channel."""

@@ -6,7 +6,7 @@ flush, memory release/resume (waiting for an idle scheduler first, every call gu
 shutdown of this engine's own processes only), and :func:`run_guarded`.
 
 Leaves out: the engine configuration and the SGLang arguments it becomes
-(``engine.engine_config``); what a rollout or a reward score means (``engine.rollout``,
+(``engine.engine_config``); what a rollout or a reward score means (colocate's rollout room,
 ``engine.reward``); SGLang imports (``engine.sglang_api``); the checks before start-up
 (``engine.start_checks``); a bucket's wire form and its payload per tensor-parallel rank
 (``engine.weight_payloads``).

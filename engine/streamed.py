@@ -8,7 +8,7 @@ both ends of the channel refused or lost (:meth:`ScoreClient.channel_counts`);
 :class:`Chunker`, which cuts one sample's stream into chunks of ``k`` tokens, and
 :func:`score_whole`, which scores already complete responses through the same feeder.
 
-Leaves out: the feeder (``engine.reward_feeder``), which samples run (``engine.oppo``).
+Leaves out: the feeder (``engine.reward_feeder``), which samples run (``colocate.rollout.schedule``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Sequence
 
 from .errors import EngineError, RewardRequestError
 from .channel import AsyncReceiver, AsyncSender, validate_endpoint
-from .rollout import Sample
 from .wire import Heartbeat, ScoreError, ScoreResult, TokenChunk
 
 
@@ -145,23 +144,25 @@ class ScoreClient:
 
 
 class Chunker:
-    """Cuts the tokens one sample produces in one step into chunks of ``k`` tokens."""
+    """Cuts the tokens one response produces in one step into chunks of ``k`` tokens: the
+    response ``index`` of ``step``, whose tokens so far (its prompt, and a resumed response's
+    earlier tokens) are ``prefix``."""
 
-    def __init__(self, client: ScoreClient, step: int, sample: Sample, k: int):
-        self.client, self.step, self.sample, self.k = client, step, sample, k
-        self.prefix = list(sample.prompt_ids) + list(sample.output_ids)  # a resumed sample's prior tokens
+    def __init__(self, client: ScoreClient, step: int, index: int, prefix: Sequence[int], k: int):
+        self.client, self.step, self.index, self.k = client, step, index, k
+        self.prefix = list(prefix)
         self.buffer: list[int] = []
         self.seq = 0
 
     async def _flush(self, final: bool) -> None:
-        chunk = TokenChunk(step=self.step, index=self.sample.index, seq=self.seq,
+        chunk = TokenChunk(step=self.step, index=self.index, seq=self.seq,
                            prompt_ids=self.prefix if self.seq == 0 else None,
                            tokens=self.buffer, final=final)
         self.buffer = []
         self.seq += 1
         await self.client.send(chunk)
 
-    async def on_tokens(self, sample: Sample, new_ids: list[int]) -> None:
+    async def on_tokens(self, _response: object, new_ids: list[int]) -> None:
         self.buffer += new_ids
         if len(self.buffer) >= self.k:
             await self._flush(final=False)

@@ -32,7 +32,7 @@ def version_spans(versions: Sequence[int]) -> list[list[int]]:
 
 
 def row(step: int, sample: Any, decode: Callable[[list[int]], str], weight_version: int) -> dict[str, Any]:
-    """One sample (``engine.rollout.Sample``) as a JSON-safe row; ``weight_version``: the
+    """One sample (``colocate.rollout.sample.Sample``) as a JSON-safe row; ``weight_version``: the
     version the step's rollout started under."""
     mask = sample.mask()
     return {

@@ -5,7 +5,7 @@ rank's position in its stream of prompts (groups drawn) and where the engine ran
 streams start (:meth:`DataSource.position`: :func:`union_id` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
 budget, the names of new samples (unique, increasing indices;
-``engine.rollout.sample_index``), the deferred samples (partial, or finished and waiting
+``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
 for their group or the next step; the scheduler is handed them each step and hands back
 what it defers), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
 (a resume on another number of engine ranks).
@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any, Iterator, Sequence
 
 from colocate.config import RolloutConfig
-from colocate.engine.rollout import Sample, group_member, sample_index
+from colocate.rollout.sample import Sample, group_member, sample_index
 from colocate.rollout.rollout_phase import Prompt, prompt_samples, response_budget
 
 

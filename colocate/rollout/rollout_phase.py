@@ -2,10 +2,10 @@
 
 Owns: :class:`Prompt` (a tokenized prompt of the data set with its source record),
 :func:`response_budget`, :class:`StepRollout` (what a step's rollout hands to training,
-in every mode: the trained :class:`engine.rollout.Sample` s, scored), the sampling
+in every mode: the trained :class:`colocate.rollout.sample.Sample` s, scored), the sampling
 parameters and the step's rollout stats.
 
-Leaves out: the schedule (``engine.oppo.run_step``, every mode's), which samples a step
+Leaves out: the schedule (``colocate.rollout.schedule.run_step``, every mode's), which samples a step
 runs (``colocate.rollout.rollouts``) and training.
 """
 
@@ -16,7 +16,7 @@ import math
 import random
 from typing import Any, Sequence
 
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ feeder: an asyncio task beside the engines, or its own process with its own rewa
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
 or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them through the one
-schedule, ``engine.oppo.run_step`` — every sample scored after generation when the mode
+schedule, ``colocate.rollout.schedule.run_step`` — every sample scored after generation when the mode
 neither streams nor defers and nothing is carried (sequential), else streamed and/or
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
 the held-out evaluation through it too (scored after generation), and hands back what to train
@@ -17,7 +17,7 @@ on, with the step's stats (``overlap/*`` in every mode, incl. the ZeroMQ frames 
 of the feeder channel refused or lost during the step; the feeder's counts come with its
 heartbeats, so they lag it by at most 0.5 s).
 
-Leaves out: the schedule itself (``engine.oppo``),
+Leaves out: the schedule itself (``colocate.rollout.schedule``),
 scoring (``colocate.rollout.scoring``) and training.
 """
 
@@ -37,11 +37,12 @@ from typing import Any, Sequence
 from colocate.rollout.auto_mode import AutoPolicy, ModePicker
 from colocate.rollout.data_source import DataSource
 from colocate.config import Config, OverlapConfig
-from colocate.engine import oppo, streamed
-from colocate.engine.live import LiveRequests, check_pause_mode
+from colocate.engine import streamed
+from colocate.rollout import schedule
+from colocate.rollout.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
-from colocate.engine.rollout import Sample
-from colocate.engine.timeline import Timeline, mark
+from colocate.rollout.sample import Sample
+from colocate.monitor.timeline import Timeline, mark
 from colocate.rollout.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
                               SchedulerConfig, staleness_stats)
 from colocate.engine.engine_config import EngineConfig
@@ -226,13 +227,13 @@ class Rollouts:
                                             **{f"overlap/{k}": v for k, v in stats.items()}})
 
     def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any], score_at_end: bool):
-        """``plan`` through ``engine.oppo.run_step``, the one schedule: streamed scoring when
+        """``plan`` through ``colocate.rollout.schedule.run_step``, the one schedule: streamed scoring when
         the mode streams, the cut after the first B/n groups when it defers, every sample
         scored after generation when ``score_at_end`` (a sequential step with nothing
         carried). Returns the phase seconds, every launched sample (finished first: in
         completion order, or in launch order when scored at the end) and the chunk."""
         if score_at_end:
-            res = run_guarded([self.actor, *self.scorer.engines], oppo.run_step(
+            res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
                 self.actor, plan.launch, sampling, step, score_all=self.scorer.score_all, tag_prefix="st",
                 timeline=self.timeline, turns=self.turns))
             return res.seconds, res.completed + res.unfinished, 0
@@ -241,7 +242,7 @@ class Rollouts:
         chunk = self.tuner.chunk_for_step(step) if streams else 0
         need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
-        res = run_guarded([self.actor, *self.scorer.engines], oppo.run_step(
+        res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
             self.actor, plan.launch, sampling, step, score=self.scorer,
             client=self.client if streams else None, chunk=chunk or 64,
             cut_after=need if step_mode.defers else None,
@@ -294,7 +295,7 @@ class Rollouts:
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
-        res = run_guarded([self.actor, *scorer.engines], oppo.run_step(
+        res = run_guarded([self.actor, *scorer.engines], schedule.run_step(
             self.actor, samples, sampling, step, score_all=scorer.score_all, tag_prefix="ev", turns=self.turns))
         return res.seconds
 

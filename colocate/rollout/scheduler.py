@@ -23,7 +23,7 @@ late in the same step: they are deferred as complete samples and trained first n
 
 Leaves out: the samples themselves between steps, their prompts and indices (the data
 source, ``colocate.rollout.data_source``), generating, aborting and resuming on the engine
-(``engine.rollout``), correcting stale tokens (``trainer``), when to checkpoint (``colocate``).
+(``colocate.rollout.generation``), correcting stale tokens (``trainer``), when to checkpoint (``colocate``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import math
 from typing import Any, Iterator, Sequence
 
 from colocate.engine.errors import EngineConfigError, EngineError
-from colocate.engine.rollout import Sample, group_member
+from colocate.rollout.sample import Sample, group_member
 
 Groups = Iterator[list[Sample]]  # fresh groups of a data source, each its n new samples
 

@@ -9,7 +9,7 @@ from wherever the step got it: streamed chunk by chunk through the feeder (then 
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
 (:func:`engine.streamed.score_whole`). Leaves out: how the step schedules scoring
-(``colocate.rollout.rollout_phase``, ``engine.oppo``) and the reward functions' error policy
+(``colocate.rollout.rollout_phase``, ``colocate.rollout.schedule``) and the reward functions' error policy
 (``colocate.rollout.reward_fns``).
 """
 
@@ -21,7 +21,7 @@ import functools
 from typing import Any, Awaitable, Callable, Sequence
 
 from colocate.engine import reward as rm
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.rollout import reward_fns
 from colocate.rollout.reward_fns import Guarded, RewardFn, fn_name
 from colocate.rollout.turns import history
@@ -88,7 +88,7 @@ class Scorer:
         return sum(parts.values()) * self.scale
 
     async def __call__(self, sample: Sample, streamed: float | None, tag: str, step: int) -> float:
-        """A finished sample's reward (``engine.oppo``'s scoring): its streamed model score,
+        """A finished sample's reward (``colocate.rollout.schedule``'s scoring): its streamed model score,
         or a one-shot one; request ids start with ``tag``."""
         if streamed is None:
             [streamed] = await self.model_scores([sample], tag, step)

@@ -10,7 +10,7 @@ by ``rollout.turn_tokens`` gets the end-of-turn token prepended to close it); th
 observation's text is data: a special token's string in it is tokenized as characters, so
 a tool's output cannot forge a turn (``colocate.assets.tasks.text_ids``);
 :class:`EnvTurns` — an :class:`~colocate.rollout.env.Environment` as the engine's
-:class:`~colocate.engine.rollout.MultiTurn`: the conversation so far rebuilt from the
+:class:`~colocate.rollout.sample.MultiTurn`: the conversation so far rebuilt from the
 sample (the model's turns decoded for the environment to read, its own earlier answers as
 it gave them), one call per model turn under ``rollout.env_timeout_s`` of rollout time
 (the trainer's phases, while a parked trajectory waits, do not count; an ``async`` step is awaited, a plain one runs in a daemon thread so a hung one cannot hold the
@@ -18,7 +18,7 @@ process), the answer checked, and failures as one line naming the environment, t
 and the sample (``reward.on_error=raise``), or the trajectory ended there with nothing
 added and the failure counted (``zero``; ``env/errors`` in metrics.jsonl).
 
-Leaves out: the turn loop itself (``engine.rollout.stream_sample``), what an environment
+Leaves out: the turn loop itself (``colocate.rollout.generation.stream_sample``), what an environment
 answers (``colocate.rollout.calculator``, ``colocate.rollout.scripted_env``, the user's).
 """
 
@@ -32,7 +32,7 @@ import time
 from typing import Any, Awaitable, Literal, Sequence
 
 from colocate.assets.tasks import holds_special, plain_ids, text_ids
-from colocate.engine.rollout import MultiTurn, Sample, TurnReply
+from colocate.rollout.sample import MultiTurn, Sample, TurnReply
 from colocate.errors import ColocateError, cause_line
 from colocate.rollout.env import Environment, Observation
 from colocate.rollout.reward_fns import RewardFnErrors

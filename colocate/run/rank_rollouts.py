@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from colocate.engine.rollout import group_member, sample_index
+from colocate.rollout.sample import group_member, sample_index
 from colocate.rollout.data_source import union_id
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 from colocate.rollout.scheduler import staleness_stats

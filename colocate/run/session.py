@@ -32,7 +32,7 @@ from colocate.run import checkpoint, checkpoint_layout, weight_sync
 from colocate import faults
 from colocate.config import Config
 from colocate.engine.runtime import SglangEngine
-from colocate.engine.timeline import Timeline, mark
+from colocate.monitor.timeline import Timeline, mark
 from colocate.errors import ConfigError, cause_line
 from colocate.run.engines import RankEngines
 from colocate.rollout import data_source

@@ -18,7 +18,9 @@ from typing import Callable
 import torch
 
 from colocate.assets.models import build_tiny_causal_lm, default_cache_dir
-from colocate.engine import rollout, sglang_api
+from colocate.engine import sglang_api
+from colocate.rollout import generation
+from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
@@ -67,10 +69,10 @@ def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
         progress("starting a tiny SGLang engine …")
         eng = SglangEngine(EngineConfig(str(path), role="actor", max_total_tokens=4096), field="doctor")
         try:
-            sample = rollout.Sample(0, [1, 5, 6, 7], 16)
+            sample = Sample(0, [1, 5, 6, 7], 16)
             started = time.perf_counter()
             eng.loop.run_until_complete(
-                rollout.generate(eng, [sample], {"temperature": 0.0, "ignore_eos": True}, "doctor")
+                generation.generate(eng, [sample], {"temperature": 0.0, "ignore_eos": True}, "doctor")
             )
             took = time.perf_counter() - started
         finally:

@@ -17,8 +17,8 @@ from colocate.errors import ConfigError
 from colocate.assets.model_aliases import resolve_model
 from colocate.assets.tasks import chat_prompt_ids
 from colocate.config import load_config
-from colocate.engine import rollout
-from colocate.engine.rollout import Sample
+from colocate.rollout import generation
+from colocate.rollout.sample import Sample
 from colocate.engine.runtime import SglangEngine
 from colocate.rollout.rollout_phase import sampling_params
 from colocate.tools.export import export_actor, log_level_of
@@ -91,7 +91,7 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     log(f"actor engine up: {Path(folder).name} in {engine.start_seconds:.1f} s")
     try:
         samples = [Sample(i, p, opts.max_new_tokens) for i, p in enumerate(ids)]
-        engine.loop.run_until_complete(rollout.generate(
+        engine.loop.run_until_complete(generation.generate(
             engine, samples, sampling_params(opts.temperature, opts.top_p, stop), "gen"))
     finally:
         engine.shutdown()

@@ -7,8 +7,8 @@ import os
 import psutil
 import pytest
 
-from colocate.engine import rollout
-from colocate.engine.rollout import Sample
+from colocate.rollout import generation
+from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
 
@@ -20,7 +20,7 @@ def _scheduler_threads(threads: int, model: str) -> int:
     eng = SglangEngine(EngineConfig(model, device="cpu", max_total_tokens=4096, threads=threads))
     try:
         samples = [Sample(i, [5, 6, 7, 8 + i], 8) for i in range(4)]
-        eng.loop.run_until_complete(rollout.generate(eng, samples, {"temperature": 0.0, "ignore_eos": True}, "thr"))
+        eng.loop.run_until_complete(generation.generate(eng, samples, {"temperature": 0.0, "ignore_eos": True}, "thr"))
         procs = [psutil.Process(pid) for pid in eng.child_pids]
         (sched,) = [p for p in procs if "scheduler" in p.name()]
         return sched.num_threads()

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 from transformers import AutoTokenizer
 
-from colocate.engine import rollout
-from colocate.engine.rollout import Sample
+from colocate.rollout import generation
+from colocate.rollout.sample import Sample
 from colocate.rollout.env import Observation
 from colocate.rollout.scripted_env import ScriptedEnv
 from colocate.rollout.turns import EnvError, EnvErrors, EnvTurns, ObservationTemplate
@@ -75,7 +75,7 @@ def test_trajectory_equals_a_naive_turn_by_turn_reference(actor_engine, tokenize
     ids = prompt(tokenizer)
     s = Sample(0, list(ids), budget)
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES, turn_rewards=(0.25, 0.5), final_reward=1.0))
-    run(actor_engine, rollout.generate(actor_engine, [s], GREEDY, "mt", turns=turns.multi_turn()))
+    run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "mt", turns=turns.multi_turn()))
     ref_out, ref_mask = naive_reference(actor_engine, tokenizer, ids, budget)
     assert s.output_ids == ref_out
     assert s.mask() == ref_mask
@@ -90,14 +90,14 @@ def test_trajectory_equals_a_naive_turn_by_turn_reference(actor_engine, tokenize
 
 def _uninterrupted(engine, tokenizer, turns, budget=96):
     s = Sample(1, list(prompt(tokenizer)), budget)
-    run(engine, rollout.generate(engine, [s], GREEDY, "un", turns=turns))
+    run(engine, generation.generate(engine, [s], GREEDY, "un", turns=turns))
     return s
 
 
 def _resumed(engine, turns, part):
     """``part`` through a checkpoint (JSON-safe fields) and resumed to its end."""
     again = Sample(**dataclasses.asdict(part))
-    run(engine, rollout.stream_sample(engine, again, GREEDY, "re", turns=turns))
+    run(engine, generation.stream_sample(engine, again, GREEDY, "re", turns=turns))
     return again
 
 
@@ -112,9 +112,9 @@ def test_deferred_mid_turn_resumes_to_the_uninterrupted_trajectory(actor_engine,
     async def interrupted():
         async def on_tokens(sample, ids):
             if len(sample.output_ids) >= cut_at and sample.mask()[-1]:
-                rollout.abort(actor_engine, sample, "mid")
+                generation.abort(actor_engine, sample, "mid")
 
-        await rollout.stream_sample(actor_engine, part, GREEDY, "mid", on_tokens, turns=turns)
+        await generation.stream_sample(actor_engine, part, GREEDY, "mid", on_tokens, turns=turns)
 
     run(actor_engine, interrupted())
     assert part.finish_reason == "abort" and cut_at <= len(part.output_ids) < len(full.output_ids)
@@ -131,7 +131,7 @@ def test_deferred_between_turns_resumes_to_the_uninterrupted_trajectory(actor_en
     async def cut() -> bool:
         return False
 
-    run(actor_engine, rollout.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns, go_on=cut))
+    run(actor_engine, generation.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns, go_on=cut))
     assert part.finish_reason == "abort" and len(part.observations) == 1 and not part.mask()[-1]
     done = _resumed(actor_engine, turns, part)
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
@@ -184,7 +184,7 @@ def test_an_environment_failure_is_one_line_naming_it_and_the_turn(actor_engine,
     s = Sample(2, list(prompt(tokenizer)), 96)
     turns = turns_of(tokenizer, env, timeout_s=0.5)
     with pytest.raises(EnvError) as info:
-        run(actor_engine, rollout.generate(actor_engine, [s], GREEDY, "err", turns=turns.multi_turn()))
+        run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "err", turns=turns.multi_turn()))
     line = str(info.value)
     assert "\n" not in line and f"rollout.env {env.name}: turn " in line and "of sample 2" in line
     assert cause in line and "reward.on_error=zero" in line
@@ -196,7 +196,7 @@ def test_on_error_zero_ends_the_trajectory_there_and_counts_it(actor_engine, tok
     s = Sample(3, list(prompt(tokenizer)), 96)
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES, turn_rewards=(0.25, 0.5), fail_at=1),
                      on_error="zero", errors=errors)
-    run(actor_engine, rollout.generate(actor_engine, [s], GREEDY, "zero", turns=turns.multi_turn()))
+    run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "zero", turns=turns.multi_turn()))
     assert errors.count == 1 and "turn 2 of sample 3" in errors.last
     assert s.turns == 2 and len(s.observations) == 1 and s.env_reward == 0.25
     assert s.finish_reason == "stop" and s.mask()[-1] == 1
@@ -205,14 +205,15 @@ def test_on_error_zero_ends_the_trajectory_there_and_counts_it(actor_engine, tok
 def test_streamed_scores_of_trajectories_cover_the_environments_tokens(actor_engine, reward_engine, tokenizer):
     """Chunks streamed to the reward model as a trajectory grows include the environment's
     answers: the streamed score equals a one-shot score of the whole trajectory."""
-    from colocate.engine import oppo, reward
+    from colocate.engine import reward
+    from colocate.rollout import schedule
     from tests.integration.test_overlap import _with_feeder
 
     samples = [Sample(10 + i, list(prompt(tokenizer)) + [40 + i], 96) for i in range(3)]
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES)).multi_turn()
 
     async def body(feeder, client):
-        return await oppo.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4, turns=turns)
+        return await schedule.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4, turns=turns)
 
     _, res = _with_feeder(actor_engine.loop, reward_engine, body)
     assert len(res.completed) == 3 and all(0 in s.mask() for s in samples)
@@ -237,15 +238,15 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     """overlap.pause_mode=in_place: the cut lands while B's environment answers; B's
     answer is appended, then it sends nothing while parked; the next step adopts it and it
     ends exactly as an uninterrupted B (same weights)."""
-    from colocate.engine import oppo
-    from colocate.engine.live import LiveRequests
+    from colocate.rollout import schedule
+    from colocate.rollout.live import LiveRequests
 
     turns = turns_of(tokenizer, _SlowForLong()).multi_turn()
     full = _uninterrupted(actor_engine, tokenizer, turns)
     a = Sample(20, list(prompt(tokenizer)), 96, record={"short": True})
     b = Sample(1, list(prompt(tokenizer)), 96)
     live = LiveRequests()
-    first = run(actor_engine, oppo.run_step(actor_engine, [a, b], GREEDY, 0, cut_after=1, pause_mode="in_place",
+    first = run(actor_engine, schedule.run_step(actor_engine, [a, b], GREEDY, 0, cut_after=1, pause_mode="in_place",
                                             live=live, turns=turns))
     assert [s.index for s in first.completed] == [20] and 1 in live
     (frozen,) = first.unfinished
@@ -261,7 +262,7 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     run(actor_engine, parked_for(0.5))
     assert actor_engine.requests == served and parked.turns == 1
 
-    second = run(actor_engine, oppo.run_step(actor_engine, [frozen], GREEDY, 1, live=live, pause_mode="in_place",
+    second = run(actor_engine, schedule.run_step(actor_engine, [frozen], GREEDY, 1, live=live, pause_mode="in_place",
                                              turns=turns))
     (done,) = second.completed
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)

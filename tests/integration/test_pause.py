@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from colocate.engine import oppo, rollout
-from colocate.engine.live import LiveRequests
-from colocate.engine.rollout import Sample, Status
+from colocate.rollout import generation, schedule
+from colocate.rollout.live import LiveRequests
+from colocate.rollout.sample import Sample, Status
 from tests.integration.test_engine_weights import buckets
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def engine_for(request, actor_engine):
 
 
 def _cut(engine, mode, live, step=1):
-    return engine.loop.run_until_complete(oppo.run_step(
+    return engine.loop.run_until_complete(schedule.run_step(
         engine, _samples(), GREEDY, step, cut_after=1, pause_mode=mode, live=live))
 
 
@@ -65,7 +65,7 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
     actor_engine = engine_for(mode)
     run = actor_engine.loop.run_until_complete
     full = _samples()
-    run(rollout.generate(actor_engine, full, GREEDY, "unint"))
+    run(generation.generate(actor_engine, full, GREEDY, "unint"))
     live = LiveRequests()
     res = _cut(actor_engine, mode, live)
     assert [s.index for s in res.completed] == [0]
@@ -75,7 +75,7 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
         assert s.finish_reason == "abort" and 0 < len(s.output_ids) < s.max_new_tokens
         assert s.index in live and s.status is Status.DEFERRED
     sent = actor_engine.requests
-    res2 = run(oppo.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
+    res2 = run(schedule.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
     assert actor_engine.requests == sent  # adopted: no new request, nothing re-prefilled by us
     assert actor_engine.paused is None and len(live) == 0
     assert sorted(s.index for s in res2.completed) == [1, 2, 3]
@@ -107,7 +107,7 @@ def test_after_a_weight_update_tokens_carry_versions_and_behaviour_logprobs(engi
     res = _cut(actor_engine, mode, live)
     try:
         actor_engine.update_weights(buckets(new, 20_000), version=v0 + 1)
-        res2 = run(oppo.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
+        res2 = run(schedule.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
         assert len(res2.completed) == 3
         for s in res2.completed:
             frozen = next(f for f in res.unfinished if f.index == s.index)
@@ -118,7 +118,7 @@ def test_after_a_weight_update_tokens_carry_versions_and_behaviour_logprobs(engi
             assert s.output_ids[:len(frozen.output_ids)] == frozen.output_ids
             if mode == "retract":  # KV recomputed under the new weights: a fresh request's continuation
                 fresh = Sample(50 + s.index, s.prompt_ids + s.output_ids[:k], s.max_new_tokens - k)
-                run(rollout.generate(actor_engine, [fresh], GREEDY, "fresh"))
+                run(generation.generate(actor_engine, [fresh], GREEDY, "fresh"))
                 assert fresh.output_ids == s.output_ids[k:]
                 assert max(abs(a - b) for a, b in zip(fresh.logprobs, s.logprobs[k:])) < 1e-4
             else:  # in place: the new weights decode on the old weights' KV
@@ -142,7 +142,7 @@ def test_no_stale_prefix_is_served_while_paused_requests_keep_the_cache(in_place
         actor_engine.update_weights(buckets(new, 20_000), version=v0 + 1)
         assert actor_engine.paused == "in_place"  # the flush was skipped, the stragglers still hold KV
         probe = Sample(90, list(res.unfinished[0].prompt_ids), 8)
-        run(rollout.generate(actor_engine, [probe], GREEDY, "probe"))  # continues the engine too
+        run(generation.generate(actor_engine, [probe], GREEDY, "probe"))  # continues the engine too
         assert probe.cached_tokens == 0
         with torch.no_grad():
             want = new.generate(torch.tensor([probe.prompt_ids]), max_new_tokens=8, do_sample=False)[0]
@@ -188,7 +188,7 @@ def test_a_straggler_that_finishes_while_the_pause_is_on_its_way_is_a_finished_s
         return 1.0
 
     live = LiveRequests()
-    res = actor_engine.loop.run_until_complete(oppo.run_step(
+    res = actor_engine.loop.run_until_complete(schedule.run_step(
         actor, samples, GREEDY, 1, score=score, cut_after=1, pause_mode="retract", live=live))
     try:
         done = {s.index: s for s in res.completed}
@@ -260,11 +260,11 @@ def test_in_place_requests_still_queued_at_the_pause_run_on_the_new_weights_only
     samples = [Sample(0, _prompts(1)[0], 4)] + [Sample(i, list(shared), 24, group=1) for i in (1, 2, 3)]
     v0 = eng.weight_version
     live = LiveRequests()
-    res = run(oppo.run_step(eng, samples, GREEDY, 1, cut_after=1, pause_mode="in_place", live=live))
+    res = run(schedule.run_step(eng, samples, GREEDY, 1, cut_after=1, pause_mode="in_place", live=live))
     assert eng.paused == "in_place" and {s.index for s in res.unfinished} == {1, 2, 3}
     new = _perturbed(tiny_actor_path, seed=5)
     eng.update_weights(buckets(new, 20_000), version=v0 + 1)
-    res2 = run(oppo.run_step(eng, res.unfinished, GREEDY, 2, pause_mode="in_place", live=live))
+    res2 = run(schedule.run_step(eng, res.unfinished, GREEDY, 2, pause_mode="in_place", live=live))
     assert {s.index for s in res2.completed} == {1, 2, 3}
     # the member in the running batch at the pause got its first token from the old weights
     # (in place: its KV stays, as designed); those still queued have every token from the new

@@ -23,10 +23,10 @@ import pytest
 from colocate.run import builder, checkpoint
 from colocate.run import loop as ppo_loop
 from colocate.config import load_config
-from colocate.engine import oppo
+from colocate.rollout import schedule
 from colocate.engine.errors import RewardRequestError
 from colocate.engine.reward_feeder import RewardFeeder
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine, run_guarded
 from colocate.engine.streamed import ScoreClient
@@ -67,7 +67,7 @@ def _one_line_about_a_long_sample(err: BaseException, step: int) -> None:
 
 
 def _streamed(actor, reward, cut_after):
-    """oppo.run_step streaming to an in-loop feeder on ``reward``: (error, seconds, client
+    """schedule.run_step streaming to an in-loop feeder on ``reward``: (error, seconds, client
     leftovers, feeder failures), then a clean step on the same engines and feeder."""
     loop = actor.loop
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,9 +80,9 @@ def _streamed(actor, reward, cut_after):
                 async with ScoreClient(chunks, results, timeout_s=TIMEOUT_S) as client:
                     started = time.monotonic()
                     with pytest.raises(RewardRequestError) as e:
-                        await oppo.run_step(actor, _samples(), GREEDY, 5, client=client, chunk=4, cut_after=cut_after)
+                        await schedule.run_step(actor, _samples(), GREEDY, 5, client=client, chunk=4, cut_after=cut_after)
                     took, left = time.monotonic() - started, client.waiting()
-                    ok = await oppo.run_step(actor, [s for s in _samples() if s.index % 2 == 0], GREEDY, 6,
+                    ok = await schedule.run_step(actor, [s for s in _samples() if s.index % 2 == 0], GREEDY, 6,
                                              client=client, chunk=4)
                     return e.value, took, left, ok
             finally:
@@ -105,7 +105,7 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
     loop = actor_engine.loop
     started = time.monotonic()
     with pytest.raises(RewardRequestError) as e:
-        loop.run_until_complete(oppo.run_step(actor_engine, _samples(), GREEDY, 5,
+        loop.run_until_complete(schedule.run_step(actor_engine, _samples(), GREEDY, 5,
                                               score=Scorer(short_rm, timeout_s=TIMEOUT_S), cut_after=3))
     _one_line_about_a_long_sample(e.value, 5)
     assert time.monotonic() - started < TIMEOUT_S
@@ -114,8 +114,8 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
 
 
 def run_sequential(actor, samples, sampling, step: int, scorer: Scorer) -> None:
-    """The sequential schedule: ``oppo.run_step`` scoring every sample after generation."""
-    run_guarded([actor, *scorer.engines], oppo.run_step(actor, samples, sampling, step, score_all=scorer.score_all,
+    """The sequential schedule: ``schedule.run_step`` scoring every sample after generation."""
+    run_guarded([actor, *scorer.engines], schedule.run_step(actor, samples, sampling, step, score_all=scorer.score_all,
                                                         tag_prefix="st"))
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from colocate.config import load_config
-from colocate.engine.rollout import Sample, Status
+from colocate.rollout.sample import Sample, Status
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt
 from colocate.run import checkpoint

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.errors import ConfigError
 from colocate.monitor import completions
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from colocate.config import RolloutConfig
-from colocate.engine.rollout import Sample, Status
+from colocate.rollout.sample import Sample, Status
 from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource

@@ -137,7 +137,7 @@ def test_layer_check_catches_an_upward_import(tmp_path):
     (tmp_path / "engine" / "ok.py").write_text("from .errors import EngineError\nimport asyncio\n")
     (tmp_path / "engine" / "up.py").write_text("def f():\n    from colocate.run.session import Session\n")
     (tmp_path / "trainer" / "side.py").write_text("import sglang\nfrom colocate.engine import rollout\n")
-    (tmp_path / "colocate" / "top.py").write_text("from colocate.engine.rollout import Sample\nimport bench.suite\n")
+    (tmp_path / "colocate" / "top.py").write_text("from colocate.rollout.sample import Sample\nimport bench.suite\n")
     found = violations(tmp_path)
     assert found == ["engine/up.py:2 imports colocate.run.session", "trainer/side.py:1 imports sglang",
                      "trainer/side.py:2 imports colocate.engine", "colocate/top.py:2 imports bench.suite"]
@@ -170,8 +170,8 @@ def test_room_check_catches_an_upward_import(tmp_path):
 
 # the rollout room's bookkeeping: which samples exist, run and wait, in plain Python (tested without an engine)
 PLAIN_ROLLOUT = ("colocate/rollout/data_source.py", "colocate/rollout/scheduler.py", "colocate/rollout/auto_mode.py")
-ENGINE_IO = ("sglang", "sgl_kernel", "colocate.engine.runtime", "colocate.engine.sglang_api", "colocate.engine.oppo",
-             "colocate.engine.live", "torch", "zmq")
+ENGINE_IO = ("sglang", "sgl_kernel", "colocate.engine.runtime", "colocate.engine.sglang_api", "colocate.rollout.schedule",
+             "colocate.rollout.live", "torch", "zmq")
 
 
 def engine_io_imports(root: Path = ROOT) -> list[str]:
@@ -192,5 +192,5 @@ def test_the_rollout_rooms_bookkeeping_is_plain_python():
 def test_plain_python_check_catches_engine_io(tmp_path):
     (tmp_path / "colocate" / "rollout").mkdir(parents=True)
     (tmp_path / "colocate" / "rollout" / "scheduler.py").write_text(
-        "from colocate.engine.rollout import Sample\nfrom colocate.engine.runtime import run_guarded\n")
+        "from colocate.rollout.sample import Sample\nfrom colocate.engine.runtime import run_guarded\n")
     assert engine_io_imports(tmp_path) == ["colocate/rollout/scheduler.py:2 imports colocate.engine.runtime"]

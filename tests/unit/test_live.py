@@ -1,22 +1,22 @@
-"""engine/live.py without an engine: which pause modes run where, the frozen copy the
+"""colocate/rollout/live.py without an engine: which pause modes run where, the frozen copy the
 scheduler sees, the relay of a parked stream's tokens."""
 
 import asyncio
 
 import pytest
 
-from colocate.engine.errors import EngineConfigError
-from colocate.engine.live import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
-from colocate.engine.rollout import Sample, Status
+from colocate.errors import ConfigError
+from colocate.rollout.live import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
+from colocate.rollout.sample import Sample, Status
 
 
 def test_pause_mode_decisions():
     check_pause_mode("abort", "cuda")
     check_pause_mode("retract", "cuda")
     check_pause_mode("in_place", "cpu")
-    with pytest.raises(EngineConfigError, match="overlap.pause_mode: in_place .* use retract"):
+    with pytest.raises(ConfigError, match="overlap.pause_mode: in_place .* use retract"):
         check_pause_mode("in_place", "cuda")
-    with pytest.raises(EngineConfigError, match="overlap.pause_mode: 'later' is not one of"):
+    with pytest.raises(ConfigError, match="overlap.pause_mode: 'later' is not one of"):
         check_pause_mode("later", "cpu")
 
 

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from colocate.assets.models import build_tiny_tokenizer
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.rollout.scripted_env import ScriptedEnv
 from colocate.rollout.turns import EnvError, EnvErrors, EnvTurns, ObservationTemplate, TemplateRoleError
 

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
-from colocate.engine.rollout import Sample, Status
+from colocate.rollout.sample import Sample, Status
 from colocate.rollout.scheduler import staleness_stats
 from colocate.rollout.rollout_phase import StepRollout, rollout_stats
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from colocate.config import RolloutConfig
 from colocate.engine.errors import EngineConfigError, EngineError
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import (
     ChunkSizeTuner,
     ChunkTunerConfig,

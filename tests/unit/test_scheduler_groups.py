@@ -12,7 +12,7 @@ import pytest
 
 from colocate.config import RolloutConfig
 from colocate.engine.errors import EngineConfigError, EngineError
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt
@@ -152,7 +152,7 @@ def test_group_size_one_is_the_per_sample_schedule():
 
 
 def test_group_member_encoding_round_trips():
-    from colocate.engine.rollout import group_member, sample_index
+    from colocate.rollout.sample import group_member, sample_index
 
     for n in (1, 2, 4):
         for index in range(20):

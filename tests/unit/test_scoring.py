@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from colocate.engine.rollout import Sample
+from colocate.rollout.sample import Sample
 from colocate.rollout.scoring import Scorer
 
 

@@ -1,10 +1,10 @@
-"""engine/timeline.py and bench/requests.py: the running batch and where a rollout's seconds
+"""colocate/monitor/timeline.py and bench/requests.py: the running batch and where a rollout's seconds
 go, against hand-computed timelines."""
 
 import pytest
 
 from colocate.bench import requests
-from colocate.engine.timeline import STEP, Timeline, running_batch
+from colocate.monitor.timeline import STEP, Timeline, running_batch
 
 
 def ev(t, event, index=STEP, **info):

@@ -25,11 +25,11 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from . import rollout
-from .live import LiveRequest, LiveRequests, Relay, frozen
-from .rollout import Sample
-from .streamed import Chunker, ScoreClient
-from .timeline import Timeline, mark
+from colocate.engine.streamed import Chunker, ScoreClient
+from colocate.monitor.timeline import Timeline, mark
+from colocate.rollout import generation
+from colocate.rollout.live import LiveRequest, LiveRequests, Relay, frozen
+from colocate.rollout.sample import MultiTurn, Sample, check_budget
 
 # (finished samples in launch order, request id prefix, step) -> their rewards, after generation ended
 ScoreAll = Callable[[list[Sample], str, int], Awaitable[list[float]]]
@@ -56,9 +56,9 @@ class _Clock:
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
-    sample = run.start(sample, tag, lambda s, relay: rollout.stream_sample(
+    sample = run.start(sample, tag, lambda s, relay: generation.stream_sample(
         actor, s, sampling, tag, relay, run.timeline, run.turns, go_on=run.next_turn(s.index, relay)))
-    chunker = Chunker(client, step, sample, chunk) if client is not None else None
+    chunker = Chunker(client, step, sample.index, sample.prompt_ids + sample.output_ids, chunk) if client is not None else None
     if client is not None:
         client.expect(step, sample.index)
     run.streams[sample.index].relay.adopt(chunker.on_tokens if chunker else None)
@@ -86,7 +86,7 @@ class _Run:
 
     live: LiveRequests | None
     timeline: Timeline | None = None
-    turns: rollout.MultiTurn | None = None  # multi-turn trajectories: the environment's answers
+    turns: MultiTurn | None = None  # multi-turn trajectories: the environment's answers
     score_at_end: bool = False  # finished samples are scored together after generation (``score_all``)
     aborted: set[int] = dataclasses.field(default_factory=set)  # samples the cut aborted
     streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
@@ -117,16 +117,16 @@ async def run_step(
     score: SampleScore | None = None, client: ScoreClient | None = None, chunk: int = 64,
     cut_after: int | None = None,
     pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
-    turns: rollout.MultiTurn | None = None, score_all: ScoreAll | None = None, tag_prefix: str = "op",
+    turns: MultiTurn | None = None, score_all: ScoreAll | None = None, tag_prefix: str = "op",
 ) -> OverlapResult:
     """Generate ``samples``; score each as it goes (model scores streamed through
     ``client``, whose own deadline applies; each finished sample's reward by ``score``,
     which scores one-shot what did not stream); after ``cut_after`` groups have all their launched members finished
     and scored, stop the rest: abort them (``pause_mode="abort"``), or pause the engine and
     park their streams in ``live`` (``in_place``/``retract``; the unfinished samples handed
-    back are frozen copies, see ``engine.live``). A launched sample parked in ``live`` by
+    back are frozen copies, see ``colocate.rollout.live``). A launched sample parked in ``live`` by
     an earlier step continues its stream instead of sending a new request. With ``turns``
-    each sample is a multi-turn trajectory (``engine.rollout.stream_sample``): an abort
+    each sample is a multi-turn trajectory (``colocate.rollout.generation.stream_sample``): an abort
     reaches it mid-turn (its request) or between turns (after the environment's answer);
     parked, its request waits in the paused engine, or, between turns, it waits after the
     environment's answer until a later step adopts it.
@@ -139,7 +139,7 @@ async def run_step(
     if at_end and (client is not None or cut_after is not None or pause_mode != "abort"):
         raise ValueError("run_step: score_all scores after generation; it takes no client, cut or pause")
     tag = f"{tag_prefix}{step:07d}"
-    rollout.check_budget(samples, actor.context_length)
+    check_budget(samples, actor.context_length)
     clock = _Clock(time.perf_counter())
     completed: list[Sample] = []
     run = _Run(live if pause_mode != "abort" else None, timeline, turns, score_at_end=at_end)
@@ -165,7 +165,7 @@ async def run_step(
                 for i in stragglers:
                     mark(timeline, "aborted", i)
                     run.aborted.add(i)
-                    rollout.abort(actor, run.current[i], tag)
+                    generation.abort(actor, run.current[i], tag)
             else:
                 parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
 
@@ -177,7 +177,7 @@ async def run_step(
         # new version's; they end here and go again as new requests (their copies are deferred)
         await live.discard(actor, live.unstarted())
     await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
-    await rollout.prefill_shared_prompts(actor, samples, tag)  # before any member runs
+    await generation.prefill_shared_prompts(actor, samples, tag)  # before any member runs
     for s in samples:
         tasks[s.index] = asyncio.ensure_future(_one(
             actor, s, sampling, tag, step, client=client, score=score, chunk=chunk, clock=clock,
@@ -200,7 +200,7 @@ async def _generate_then_score(actor, samples: Sequence[Sample], sampling: dict[
                                run: _Run, clock: _Clock, score_all: ScoreAll) -> OverlapResult:
     """`run_step` with ``score_all``: every sample's stream (a shared prompt prefilled
     first), then the finished ones scored together in launch order."""
-    await rollout.prefill_shared_prompts(actor, samples, tag)
+    await generation.prefill_shared_prompts(actor, samples, tag)
     tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=None, score=None, chunk=0, clock=clock,
                                         on_done=None, run=run)) for s in samples]
     try:
@@ -257,7 +257,7 @@ async def _stop(actor, run: _Run, tasks, tag: str, client: ScoreClient | None, s
         await run.live.discard(actor)
     for i, req in run.streams.items():
         if not req.task.done():
-            rollout.abort(actor, req.sample, req.tag)
+            generation.abort(actor, req.sample, req.tag)
     await actor.continue_generation()  # a paused engine finishes the aborts only once it runs
     for t in [*tasks, *(r.task for r in run.streams.values())]:
         t.cancel()

@@ -16,7 +16,7 @@ checkpoints carry that copy, so a resumed run re-generates from it and nothing i
 twice. When a later step launches the sample again it adopts the live stream instead of
 sending a new request: the tokens produced meanwhile, and the finish, are already there.
 
-Leaves out: when to pause and continue the engine (``engine.oppo`` pauses at the cut; the
+Leaves out: when to pause and continue the engine (``colocate.rollout.schedule`` pauses at the cut; the
 time-sharing continues it after the weight sync and the KV wake), what to defer (``colocate.rollout.scheduler``).
 """
 
@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Awaitable, Callable, Sequence
+from typing import Sequence
 
-from . import rollout
-from .errors import EngineConfigError
-from .rollout import Sample, Status
+from colocate.errors import ConfigError
+from colocate.rollout import generation
+from colocate.rollout.sample import OnTokens, Sample, Status
 
 PAUSE_MODES = ("abort", "in_place", "retract")
-OnTokens = Callable[[Sample, list[int]], Awaitable[None] | None]
 
 
 def check_pause_mode(mode: str, device: str) -> None:
@@ -40,9 +39,9 @@ def check_pause_mode(mode: str, device: str) -> None:
     KV — a request paused ``in_place`` does, ``retract`` frees it (the engine then counts
     as idle with the retracted requests waiting), ``abort`` ends the request."""
     if mode not in PAUSE_MODES:
-        raise EngineConfigError(f"overlap.pause_mode: {mode!r} is not one of {', '.join(PAUSE_MODES)}")
+        raise ConfigError(f"overlap.pause_mode: {mode!r} is not one of {', '.join(PAUSE_MODES)}")
     if mode == "in_place" and device == "cuda":
-        raise EngineConfigError(
+        raise ConfigError(
             "overlap.pause_mode: in_place keeps the stragglers' KV on the GPU, which time-sharing "
             "releases for training; use retract (KV recomputed after the update) or abort")
 
@@ -85,7 +84,7 @@ class Relay:
 @dataclasses.dataclass
 class LiveRequest:
     sample: Sample  # the stream's own sample: it keeps growing while parked
-    task: asyncio.Task  # the stream (engine.rollout.stream_sample)
+    task: asyncio.Task  # the stream (colocate.rollout.generation.stream_sample)
     relay: Relay
     tag: str  # the step tag of its request id (for an abort)
     start_len: int = 0  # the sample's tokens when its request was sent
@@ -146,7 +145,7 @@ class LiveRequests:
         for r in reqs:
             r.relay.drop()  # a trajectory waiting between turns ends there
             if not r.task.done():
-                rollout.abort(engine, r.sample, r.tag)
+                generation.abort(engine, r.sample, r.tag)
         if reqs:
             await engine.continue_generation()  # a paused engine ends the aborted requests only once it runs
             await asyncio.wait([r.task for r in reqs], timeout=timeout_s)
