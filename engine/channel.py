@@ -53,7 +53,7 @@ _LOOPBACK_TCP = re.compile(r"tcp://(127\.0\.0\.1|localhost|\[::1\]):(\*|[0-9]{1,
 _IPC_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 
 
-def validate_endpoint(endpoint: Any, field: str = "overlap.endpoint") -> str:
+def validate_endpoint(endpoint: Any, field: str = "channel endpoint") -> str:
     """``endpoint`` if it is ``ipc://<path>`` or ``tcp://{127.0.0.1|localhost|[::1]}:<port>``
     (port ``*``: any free one, bind only); else a one-line :class:`EngineConfigError`."""
     ep = endpoint if isinstance(endpoint, str) else ""
@@ -73,7 +73,7 @@ def validate_endpoint(endpoint: Any, field: str = "overlap.endpoint") -> str:
 def _open(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, opts: dict[int, int]):
     endpoint = validate_endpoint(endpoint)
     if not bind and endpoint.endswith(":*"):
-        raise EngineConfigError(f"overlap.endpoint: {endpoint!r}: port '*' can only bind; "
+        raise EngineConfigError(f"channel endpoint: {endpoint!r}: port '*' can only bind; "
                           "a connecting side needs the bound port")
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -86,7 +86,7 @@ def _open(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, opts: dict[int
     except zmq.ZMQError as exc:
         sock.close(0)
         verb = "bind" if bind else "connect"
-        raise EngineConfigError(f"overlap.endpoint: cannot {verb} {endpoint!r}: {exc}") from None
+        raise EngineConfigError(f"channel endpoint: cannot {verb} {endpoint!r}: {exc}") from None
     return sock
 
 

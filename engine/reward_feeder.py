@@ -39,8 +39,8 @@ class RewardFeeder:
 
     def __init__(self, engine, chunks_endpoint: str, results_endpoint: str, heartbeat_s: float = 0.5):
         self.engine = engine
-        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "overlap.endpoint")
-        self.results_endpoint = validate_endpoint(results_endpoint, "overlap.endpoint")
+        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "the reward channel's chunk endpoint")
+        self.results_endpoint = validate_endpoint(results_endpoint, "the reward channel's result endpoint")
         self.heartbeat_s = heartbeat_s
         self._reorder = Reorderer()
         self._scorers: dict[tuple[int, int], rm.IncrementalScorer] = {}

@@ -35,8 +35,8 @@ class ScoreClient:
     """Sends chunks, resolves one future per (step, index) when its final score arrives."""
 
     def __init__(self, chunks_endpoint: str, results_endpoint: str, timeout_s: float = 30.0):
-        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "overlap.endpoint")
-        self.results_endpoint = validate_endpoint(results_endpoint, "overlap.endpoint")
+        self.chunks_endpoint = validate_endpoint(chunks_endpoint, "the reward channel's chunk endpoint")
+        self.results_endpoint = validate_endpoint(results_endpoint, "the reward channel's result endpoint")
         self.timeout_s = timeout_s
         self._futures: dict[tuple[int, int], asyncio.Future] = {}
         self.last_heard = time.monotonic()

@@ -276,14 +276,14 @@ class ChunkTunerConfig:
 
     def __post_init__(self) -> None:
         if not self.candidates or any(int(c) < 1 for c in self.candidates):
-            raise EngineConfigError(f"overlap.candidates: {self.candidates!r} must be positive sizes")
+            raise EngineConfigError(f"overlap.chunk_candidates: {self.candidates!r} must be positive sizes")
         if self.retune_every < len(self.candidates):
             raise EngineConfigError(
                 f"overlap.retune_every: {self.retune_every} is less than the "
                 f"{len(self.candidates)} candidates a tuning round tries"
             )
         if self.fixed < 1:
-            raise EngineConfigError(f"overlap.fixed: {self.fixed} must be >= 1")
+            raise EngineConfigError(f"overlap.chunk_size: {self.fixed} must be >= 1")
 
 
 class ChunkSizeTuner:

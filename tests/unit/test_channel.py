@@ -193,7 +193,7 @@ def test_async_full_channel_is_a_clear_error(ipc_endpoint):
     "tcp://localhost.evil.com:1", "ipc://" + "x" * 200, None, 5555,
 ])
 def test_non_local_or_malformed_endpoints_are_refused(endpoint):
-    with pytest.raises(EngineError, match="overlap.endpoint") as err:
+    with pytest.raises(EngineError, match="channel endpoint") as err:
         validate_endpoint(endpoint)
     assert "\n" not in str(err.value)
 
@@ -208,6 +208,6 @@ def test_local_endpoints_are_accepted_and_star_only_binds():
 
 def test_endpoint_in_use_is_a_one_line_config_error():
     with Receiver("tcp://127.0.0.1:*") as rx:
-        with pytest.raises(EngineError, match="overlap.endpoint: cannot bind") as err:
+        with pytest.raises(EngineError, match="channel endpoint: cannot bind") as err:
             Receiver(rx.endpoint)
         assert "\n" not in str(err.value)

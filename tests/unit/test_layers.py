@@ -194,3 +194,31 @@ def test_plain_python_check_catches_engine_io(tmp_path):
     (tmp_path / "colocate" / "rollout" / "scheduler.py").write_text(
         "from colocate.rollout.sample import Sample\nfrom colocate.engine.runtime import run_guarded\n")
     assert engine_io_imports(tmp_path) == ["colocate/rollout/scheduler.py:2 imports colocate.engine.runtime"]
+
+
+# a sample's life (the sample, its status, its generation and the step's schedule) lives in
+# colocate's rollout room; engine/ is the SGLang adapter that room calls
+SAMPLE_LIFE = {"Sample", "Status", "MultiTurn", "TurnReply", "stream_sample", "run_step", "LiveRequests", "Relay",
+               "Timeline"}
+
+
+def sample_life_in_engine(root: Path = ROOT) -> list[str]:
+    """engine/'s top-level classes and functions that belong to a sample's life."""
+    found = []
+    for path in sorted((root / "engine").rglob("*.py")):
+        if "cpu_kernel" in path.parts:
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in SAMPLE_LIFE:
+                found.append(f"{path.relative_to(root)}:{node.lineno} defines {node.name}")
+    return found
+
+
+def test_engine_defines_no_sample_status_or_schedule():
+    assert sample_life_in_engine() == []
+
+
+def test_sample_life_check_catches_a_sample_in_engine(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "rollout.py").write_text("class Sample:\n    pass\n\nasync def run_step():\n    pass\n")
+    assert sample_life_in_engine(tmp_path) == ["engine/rollout.py:1 defines Sample", "engine/rollout.py:4 defines run_step"]

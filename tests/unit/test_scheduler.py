@@ -99,6 +99,10 @@ def test_config_errors_name_the_field():
         SchedulerConfig(window=1)
     with pytest.raises(EngineConfigError, match="overlap.retune_every"):
         ChunkTunerConfig(candidates=(16, 32, 64), retune_every=2)
+    with pytest.raises(EngineConfigError, match="overlap.chunk_candidates"):
+        ChunkTunerConfig(candidates=(16, 0))
+    with pytest.raises(EngineConfigError, match="overlap.chunk_size"):
+        ChunkTunerConfig(adaptive=False, fixed=0)
 
 
 def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
