@@ -6,7 +6,7 @@ selection, and `response_logits`, which picks from a model's [B, L, V] logits th
 that predict each response token. A multi-turn response (a trajectory) also holds the
 environment's tokens (tool outputs between model turns): context, but never trained on.
 
-Leaves out: where rollouts come from (`engine/`), forward passes and losses
+Leaves out: where rollouts come from (colocate's rollout room), forward passes and losses
 (`trainer/forward.py`, `trainer/ppo_math.py`), and how rows are split across ranks
 (`trainer/ppo_trainer.py`).
 
@@ -25,9 +25,25 @@ the two are equal.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
+
+
+class Trained(Protocol):
+    """What the trainer reads of one scored sample (``colocate.rollout.sample.Sample`` is one):
+    its prompt and response ids, reward, sampling log-probs and weight version per response
+    token, group, and which response tokens the model sampled (empty: all)."""
+
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    score: float | None
+    logprobs: Sequence[float]
+    versions: Sequence[int]
+    loss_mask: Sequence[int]
+
+    @property
+    def group_id(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +113,14 @@ def group_span(groups: torch.Tensor) -> int:
     sizes = {end - start for start, end in zip(starts, starts[1:] + [b])}
     distinct = len(set(ids)) == len(starts)
     return sizes.pop() if len(sizes) == 1 and distinct and b else 1
+
+
+def batch_of(samples: Sequence[Trained], pad_id: int) -> TrainBatch:
+    """The `TrainBatch` of scored samples, one row each in their order (`make_batch`'s
+    rules: a multi-turn sample's environment tokens out of the loss)."""
+    return make_batch([x.prompt_ids for x in samples], [x.output_ids for x in samples], pad_id,
+                      [x.score for x in samples], [x.logprobs for x in samples], [x.versions for x in samples],
+                      [x.group_id for x in samples], loss_masks=[x.loss_mask for x in samples])
 
 
 def make_batch(

@@ -27,7 +27,7 @@ from colocate.monitor.metrics import PhaseTimer
 from colocate.rollout.rollout_phase import StepRollout, sampling_params
 from colocate.run.session import Session
 from colocate.trainer.advantages import token_kl
-from colocate.trainer.batch import make_batch
+from colocate.trainer.batch import batch_of
 from colocate.trainer.distributed import all_gather_object, lost_peer
 from colocate.monitor.wandb_log import WandbRun
 
@@ -68,9 +68,7 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     if not all(math.isfinite(v) for v in scores):
         return _skipped(s, t_step, "non-finite reward from the reward model/functions")
     pad = s.run.tokenizer.pad_token_id if s.run.tokenizer.pad_token_id is not None else 0
-    batch = make_batch([x.prompt_ids for x in samples], [x.output_ids for x in samples], pad, scores,
-                       [x.logprobs for x in samples], [x.versions for x in samples], [x.group_id for x in samples],
-                       loss_masks=[x.loss_mask for x in samples])  # multi-turn: environment tokens out of the loss
+    batch = batch_of(samples, pad)  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     computed, sample_tokens = s.trainer.pass_tokens(batch)  # a group's prompt once (ppo.shared_prefix)
     with timer("sleep_wake"):

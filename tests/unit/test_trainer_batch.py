@@ -146,3 +146,24 @@ def test_agg_denominator_counts_tokens_or_nonempty_rows():
     assert agg_denominator(mask, "token-mean").item() == 3
     assert agg_denominator(mask, "seq-mean-token-mean").item() == 2
     assert agg_denominator(mask, "seq-mean-token-sum").item() == 2
+
+
+def test_a_batch_of_samples_is_the_batch_of_their_fields():
+    """``batch_of``: each Sample one row in order, its group id, reward, logprobs, versions and
+    loss mask where ``make_batch`` puts them (a multi-turn sample's environment tokens out of
+    the loss, a lone sample its own group)."""
+    from colocate.rollout.sample import Sample
+    from colocate.trainer.batch import batch_of
+
+    solo = Sample(7, [1, 2], 4, output_ids=[5, 6], logprobs=[-0.1, -0.2], versions=[3, 3], score=1.0)
+    turn = Sample(8, [1, 2, 3], 6, output_ids=[5, 9, 9, 6], logprobs=[-0.3, 0.0, 0.0, -0.4], versions=[2, 2, 2, 3],
+                  group=4, score=-0.5, loss_mask=[1, 0, 0, 1])
+    got = batch_of([solo, turn], PAD)
+    want = make_batch([[1, 2], [1, 2, 3]], [[5, 6], [5, 9, 9, 6]], PAD, [1.0, -0.5],
+                      [[-0.1, -0.2], [-0.3, 0.0, 0.0, -0.4]], [[3, 3], [2, 2, 2, 3]], [7, 4],
+                      loss_masks=[[], [1, 0, 0, 1]])
+    for field in got.__dataclass_fields__:
+        a, b = getattr(got, field), getattr(want, field)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
+    assert got.loss_mask[1].tolist() == [True, False, False, True]
+    assert got.groups.tolist() == [7, 4]
