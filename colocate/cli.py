@@ -21,7 +21,7 @@ import click
 from colocate import api, launch
 from colocate.assets.tasks import reads_dataset
 from colocate.config import EnginesConfig, dump_yaml, load_config
-from colocate.errors import USER_ERRORS, ColocateError
+from colocate.errors import USER_ERRORS, ColocateError, in_config_terms
 from colocate.monitor import completions
 from colocate.monitor.quiet import hide_library_bars
 from colocate.monitor.visible import LAYOUT, visible
@@ -40,7 +40,7 @@ def _friendly(fn):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            click.echo(f"error: {visible(str(exc))}", err=True)
+            click.echo(f"error: {visible(str(in_config_terms(exc)))}", err=True)
             sys.exit(2)
         except RuntimeError as exc:
             from colocate.trainer.distributed import lost_peer  # not at the top: torch.distributed is slow to import

@@ -14,8 +14,9 @@ import dataclasses
 import difflib
 from typing import Any
 
-from colocate.engine.start_checks import check_own_server_args
-from colocate.errors import ConfigError
+from colocate.engine.start_checks import check_server_arg_values
+from colocate.engine.errors import EngineConfigError
+from colocate.errors import ConfigError, in_config_terms
 from colocate.faults import parse
 from colocate.modes import MODES
 from colocate.overrides import names
@@ -125,3 +126,43 @@ def _safe_candidates(text: str) -> list[int]:
         return [int(x) for x in names(text)] or [0]
     except ValueError:
         return [0]
+
+
+_ITSELF = "colocate sets it itself"
+_SLEEP = f"{_ITSELF} (the engines sleep while the trainer trains)"
+# SGLang arguments colocate decides (engine.start_checks.ENGINE_SET_ARGS) -> what to set instead
+OWN_SERVER_ARGS = {
+    "model_path": "colocate sets it from models.actor / models.reward",
+    "device": "set engines.device instead",
+    "dtype": "colocate sets it from engines.dtype",
+    "random_seed": "colocate sets it from run.seed",
+    "log_level": "set engines.log_level instead",
+    "trust_remote_code": "set models.trust_remote_code instead",
+    "tp_size": "set engines.tp_size instead",
+    "mem_fraction_static": "set engines.mem_fraction_static instead",
+    "max_total_tokens": "set engines.actor_max_total_tokens / engines.reward_max_total_tokens instead",
+    "attention_backend": "set engines.attention_backend instead",
+    "disable_cuda_graph": "set engines.cuda_graph instead",
+    "disable_overlap_schedule": "colocate sets it from overlap.pause_mode (in_place: off)",
+    "context_length": f"{_ITSELF} (the model's own, which the start-up checks count on)",
+    "base_gpu_id": f"{_ITSELF} (each rank's own GPU)",
+    "nccl_port": f"{_ITSELF} (a port of its own per engine of a node)",
+    "enable_memory_saver": _SLEEP,
+    "enable_weights_cpu_backup": _SLEEP,
+    "enable_metrics": f"{_ITSELF} (SGLang's metrics are process-wide: one engine per process)",
+    "custom_sigquit_handler": f"{_ITSELF} (a failed child is one line, not the end of this process)",
+    **dict.fromkeys(("skip_tokenizer_init", "is_embedding", "weight_version", "sleep_on_idle", "enable_lora",
+                     "max_lora_rank", "lora_target_modules", "lora_backend"), _ITSELF),
+}
+
+
+def check_own_server_args(args: Any) -> None:
+    """``engines.sglang`` (name -> value) without SGLang: the arguments colocate sets itself,
+    refused in one line naming what to set instead, and mapping values."""
+    for name in args:
+        if name in OWN_SERVER_ARGS:
+            raise ConfigError(f"engines.sglang.{name}: {OWN_SERVER_ARGS[name]}")
+    try:
+        check_server_arg_values(args)
+    except EngineConfigError as exc:
+        raise in_config_terms(exc) from None

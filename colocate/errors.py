@@ -7,6 +7,9 @@ among them) and :class:`ColocateError` (configuration, the run). Every one carri
 one-line message naming what to change; the CLI prints it instead of a traceback.
 """
 
+import contextlib
+from typing import Iterator
+
 from colocate.engine.errors import EngineConfigError, EngineError
 from colocate.trainer.errors import ModelSourceError, TrainerConfigError, TrainerError
 
@@ -28,8 +31,46 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
 
 
+# The config field that fixes an engine error (``EngineError.fix``, engine.errors.FIXES), as
+# the end of its line ("{message}": the engine's own line)
+FIELD_FIXES = {
+    "reward_context": "{message}: lower rollout.max_new_tokens or data.max_prompt_tokens, or use a reward model "
+                      "with a longer context",
+    "reward_kv_pool": "{message} (engines.reward_max_total_tokens)",
+    "engine_log": "{message}; set engines.log_level=info for SGLang's own log",
+    "feeder_timeout": "{message} (overlap.feeder_timeout_s)",
+    "feeder_slow": "{message} (raise overlap.feeder_timeout_s if scoring is this slow)",
+    "remote_code": "{message}; set models.trust_remote_code=true if you trust it",
+    "server_arg": "engines.sglang.{message}",
+}
+
+
+def in_config_terms(exc: BaseException) -> BaseException:
+    """An engine error as colocate's user reads it: its line with the config field that
+    fixes it (:data:`FIELD_FIXES`), the same type, translated once; any other error as it is."""
+    fix = getattr(exc, "fix", "") if isinstance(exc, EngineError) else ""
+    if not fix:
+        return exc
+    out = type(exc)(FIELD_FIXES[fix].format(message=str(exc)))
+    out.__cause__, out.__suppress_context__ = exc.__cause__, exc.__suppress_context__
+    return out
+
+
+@contextlib.contextmanager
+def config_terms() -> Iterator[None]:
+    """Engine errors raised inside leave in colocate's terms (:func:`in_config_terms`)."""
+    try:
+        yield
+    except EngineError as exc:
+        named = in_config_terms(exc)
+        if named is exc:
+            raise
+        raise named from None
+
+
 USER_ERRORS = (ColocateError, EngineError, TrainerError)
 CONFIG_ERRORS = (ConfigError, EngineConfigError, TrainerConfigError)
 
 __all__ = ["ColocateError", "ConfigError", "EngineError", "EngineConfigError", "TrainerError",
-           "TrainerConfigError", "ModelSourceError", "USER_ERRORS", "CONFIG_ERRORS", "cause_line", "first_line"]
+           "TrainerConfigError", "ModelSourceError", "USER_ERRORS", "CONFIG_ERRORS", "FIELD_FIXES", "cause_line",
+           "config_terms", "first_line", "in_config_terms"]

@@ -43,11 +43,9 @@ def describe(exc: BaseException) -> str:
 def request_error(request: str, cause: str) -> RewardRequestError:
     """The one-line error of a failed reward request ``request`` (e.g. "(step 3, sample 5)")."""
     if any(m in cause for m in _TOO_LONG):
-        fix = ("prompt + response is longer than the reward model takes: lower rollout.max_new_tokens "
-               "or data.max_prompt_tokens, or use a reward model with a longer context")
-    else:
-        fix = "set engines.log_level=info for SGLang's own log"
-    return RewardRequestError(f"reward request {request} failed: {cause}; {fix}")
+        return RewardRequestError(f"reward request {request} failed: {cause}; prompt + response is longer than "
+                                  "the reward model takes", fix="reward_context")
+    return RewardRequestError(f"reward request {request} failed: {cause}", fix="engine_log")
 
 
 def _to_score(out: dict) -> float:
@@ -72,7 +70,7 @@ async def score(engine: SglangEngine, input_ids: list[int], rid: str, *, request
         engine.abort(rid)
         raise RewardRequestError(
             f"reward request {request or rid}: no score within {timeout_s:g} s ({len(input_ids)} tokens); "
-            "a stuck reward engine, or a sequence longer than its KV pool (engines.reward_max_total_tokens)") from None
+            "a stuck reward engine, or a sequence longer than its KV pool", fix="reward_kv_pool") from None
     except Exception as exc:  # SGLang: ValueError (a refused request) or an HTTP error
         raise request_error(request or rid, describe(exc)) from None
 

@@ -183,7 +183,8 @@ class RewardFeeder:
         self._prompt_len.pop(key, None)
         self._tails.pop(key, None)  # later chunks of the request see it failed and skip
         error = exc if isinstance(exc, RewardRequestError) else rm.request_error(_name(chunk), rm.describe(exc))
-        await tx.send(ScoreError(step=chunk.step, index=chunk.index, seq=chunk.seq, error=str(error)[:2000]))
+        await tx.send(ScoreError(step=chunk.step, index=chunk.index, seq=chunk.seq, error=str(error)[:2000],
+                                  fix=error.fix))
 
 
 def _name(chunk: TokenChunk) -> str:

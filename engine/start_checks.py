@@ -2,8 +2,8 @@
 
 Owns: the model folder checks (missing folder, wrong model family, non-causal reward
 model, shipped model code), the allocator setting SGLang's memory saver cannot work with,
-SGLang's own arguments (``engines.sglang``: the ones colocate sets itself refused without
-SGLang, unknown names and wrong scalar types against SGLang's ``ServerArgs``), whether
+SGLang's own arguments an engine is given (the ones it sets itself, unknown names and
+wrong scalar types against SGLang's ``ServerArgs``), whether
 SGLang can load the model (its model config built and class resolved as a scheduler would,
 and the limits of its classes found here: :data:`LOAD_LIMITS`), and reading SGLang's
 start-up failures (with the last line its processes wrote) into a one-line
@@ -18,7 +18,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import sglang_api
 from .errors import EngineConfigError, EngineStartError
@@ -47,14 +47,14 @@ def read_architecture(model_path: str, field: str) -> str:
 
 def check_remote_code(model_path: str, field: str, trusted: bool) -> None:
     """A model folder whose config maps its classes to code it ships (``auto_map``) runs
-    that code when loaded: refuse it unless ``models.trust_remote_code`` says so."""
+    that code when loaded: refuse it unless ``trusted`` (the caller's setting) says so."""
     cfg_file = Path(model_path).expanduser() / "config.json"
     if trusted or not cfg_file.is_file():
         return
     if json.loads(cfg_file.read_text()).get("auto_map"):
         raise EngineStartError(
             f"{field}: '{model_path}' ships its own model code (auto_map in config.json), which "
-            "colocate does not run by default; set models.trust_remote_code=true if you trust it")
+            "colocate does not run by default", fix="remote_code")
 
 
 def check_model(cfg, field: str) -> str:
@@ -76,7 +76,7 @@ def check_model(cfg, field: str) -> str:
 
 
 # What SGLang cannot run although its registry has the class, found by starting each
-# family's tiny random model here (docs/config.md, models.actor): SGLang's class -> (whether
+# family's tiny random model here (docs/config.md, the model families): SGLang's class -> (whether
 # the config SGLang builds it from can run, why not and what to do)
 LOAD_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "Gemma2ForCausalLM": (
@@ -96,7 +96,7 @@ def check_startable(cfg, field: str) -> str:
     arch = check_model(cfg, field)
     version = sglang_api.prepare(cfg.device).sglang_version
     if cfg.server_args:
-        check_server_args(cfg, sglang_api.server_arg_types(), version)
+        check_server_args(cfg, sglang_api.server_arg_types(), version, ENGINE_SET_ARGS)
     check_loadable(cfg, field, version)
     return arch
 
@@ -136,45 +136,17 @@ def check_allocator_conf(environ: Mapping[str, str]) -> None:
                     f"{var}=expandable_segments:False")
 
 
-SERVER_ARGS_FIELD = "engines.sglang"  # where SGLang's own arguments are configured
-_ITSELF = "colocate sets it itself"
-_SLEEP = f"{_ITSELF} (the engines sleep while the trainer trains)"
-# SGLang arguments colocate decides (engine.engine_config._server_kwargs) -> what to set instead
-OWN_SERVER_ARGS = {
-    "model_path": "colocate sets it from models.actor / models.reward",
-    "device": "set engines.device instead",
-    "dtype": "colocate sets it from engines.dtype",
-    "random_seed": "colocate sets it from run.seed",
-    "log_level": "set engines.log_level instead",
-    "trust_remote_code": "set models.trust_remote_code instead",
-    "tp_size": "set engines.tp_size instead",
-    "mem_fraction_static": "set engines.mem_fraction_static instead",
-    "max_total_tokens": "set engines.actor_max_total_tokens / engines.reward_max_total_tokens instead",
-    "attention_backend": "set engines.attention_backend instead",
-    "disable_cuda_graph": "set engines.cuda_graph instead",
-    "disable_overlap_schedule": "colocate sets it from overlap.pause_mode (in_place: off)",
-    "context_length": f"{_ITSELF} (the model's own, which the start-up checks count on)",
-    "base_gpu_id": f"{_ITSELF} (each rank's own GPU)",
-    "nccl_port": f"{_ITSELF} (a port of its own per engine of a node)",
-    "enable_memory_saver": _SLEEP,
-    "enable_weights_cpu_backup": _SLEEP,
-    "enable_metrics": f"{_ITSELF} (SGLang's metrics are process-wide: one engine per process)",
-    "custom_sigquit_handler": f"{_ITSELF} (a failed child is one line, not the end of this process)",
-    **dict.fromkeys(("skip_tokenizer_init", "is_embedding", "weight_version", "sleep_on_idle", "enable_lora",
-                     "max_lora_rank", "lora_target_modules", "lora_backend"), _ITSELF),
-}
+# The SGLang arguments the engine sets itself (``engine_config._server_kwargs``): refused
+# among an EngineConfig's own SGLang arguments
+ENGINE_SET_ARGS = frozenset({
+    "model_path", "device", "dtype", "random_seed", "log_level", "trust_remote_code", "tp_size", "mem_fraction_static",
+    "max_total_tokens", "attention_backend", "disable_cuda_graph", "disable_overlap_schedule", "context_length",
+    "base_gpu_id", "nccl_port", "enable_memory_saver", "enable_weights_cpu_backup", "enable_metrics",
+    "custom_sigquit_handler", "skip_tokenizer_init", "is_embedding", "weight_version", "sleep_on_idle", "enable_lora",
+    "max_lora_rank", "lora_target_modules", "lora_backend"})
 # EngineConfig fields SGLang's own argument may set when the field leaves them to SGLang (None)
 _SHARED_SERVER_ARGS = ("max_running_requests", "chunked_prefill_size")
 _SCALARS = (bool, int, float, str)
-
-
-def check_own_server_args(args: Mapping[str, Any]) -> None:
-    """SGLang's own arguments (name -> value) that colocate sets itself, refused in one
-    line naming what to set instead, and mapping values; needs no SGLang."""
-    for name in args:
-        if name in OWN_SERVER_ARGS:
-            raise EngineConfigError(f"{SERVER_ARGS_FIELD}.{name}: {OWN_SERVER_ARGS[name]}")
-    check_server_arg_values(args)
 
 
 def check_server_arg_values(args: Mapping[str, Any]) -> None:
@@ -182,33 +154,38 @@ def check_server_arg_values(args: Mapping[str, Any]) -> None:
     JSON (an ``EngineConfig`` is compared, hashed and handed to a feeder process as JSON)."""
     for name, value in args.items():
         if _holds_mapping(value):
-            raise EngineConfigError(f"{SERVER_ARGS_FIELD}.{name}: a mapping value is not supported; give "
-                                    "SGLang's JSON-string form of the argument where it has one")
+            raise EngineConfigError(f"{name}: a mapping value is not supported; give SGLang's JSON-string "
+                                    "form of the argument where it has one", fix="server_arg")
 
 
 def _holds_mapping(value: Any) -> bool:
     return isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and any(map(_holds_mapping, value)))
 
 
-def check_server_args(cfg, arg_types: Mapping[str, Any], version: str) -> None:
+def check_server_args(cfg, arg_types: Mapping[str, Any], version: str, own: Iterable[str] = ()) -> None:
     """``cfg.server_args`` (an ``EngineConfig``'s) against SGLang ``version``'s
-    ``ServerArgs`` (``arg_types``: name -> annotation): colocate's own, unknown names (the
-    close match suggested) and values of the wrong type, each one line."""
+    ``ServerArgs`` (``arg_types``: name -> annotation): the ones the engine sets itself
+    (``own``: :data:`ENGINE_SET_ARGS`), unknown names (the close match
+    suggested) and values of the wrong type, each one line starting with the argument's name."""
     args = dict(cfg.server_args)
-    check_own_server_args(args)
+    check_server_arg_values(args)
     for name, value in args.items():
-        key = f"{SERVER_ARGS_FIELD}.{name}"
+        key = name
+        if name in own:
+            raise EngineConfigError(f"{key}: the engine sets it itself", fix="server_arg")
         if name not in arg_types:
             close = difflib.get_close_matches(name, list(arg_types), n=1)
             hint = (f"; did you mean '{close[0]}'?" if close
                     else " (python -m sglang.launch_server --help lists them, dashes for underscores)")
-            raise EngineConfigError(f"{key}: not an argument of SGLang {version}'s ServerArgs{hint}")
+            raise EngineConfigError(f"{key}: not an argument of SGLang {version}'s ServerArgs{hint}", fix="server_arg")
         if name in _SHARED_SERVER_ARGS and getattr(cfg, name) is not None:
-            raise EngineConfigError(f"{key}: the engine's own {name} is set too ({getattr(cfg, name)}); set one")
+            raise EngineConfigError(f"{key}: the engine's own {name} is set too ({getattr(cfg, name)}); set one",
+                                    fix="server_arg")
         expected = _scalar_type(arg_types[name])
         if expected is not None and not _is_a(value, *expected):
             want = expected[0].__name__ + (" or null" if expected[1] else "")
-            raise EngineConfigError(f"{key}: expected {want}, got {value!r} ({type(value).__name__})")
+            raise EngineConfigError(f"{key}: expected {want}, got {value!r} ({type(value).__name__})",
+                                    fix="server_arg")
 
 
 def _scalar_type(annotation: Any) -> tuple[type, bool] | None:
@@ -253,9 +230,10 @@ def start_error(cfg, exc: BaseException, *, architecture: str = "", said: str = 
     elif said:
         hint = f"SGLang could not load its {architecture or 'model'}"
     elif "died during initialization" in low:
-        hint = "its scheduler process failed while starting; set engines.log_level=info for SGLang's own error"
+        return EngineStartError(f"could not start the {cfg.label}: its scheduler process failed while starting "
+                                f"({text[:200]})", fix="engine_log")
     else:
-        hint = "set engines.log_level=info for SGLang's own log"
+        return EngineStartError(f"could not start the {cfg.label} ({text[:200]})", fix="engine_log")
     where = f" (all SGLang wrote: {log})" if log is not None else ""
     return EngineStartError(f"could not start the {cfg.label}: {hint}: {' '.join(said.split()) or text[:200]}{where}"
                             if said else f"could not start the {cfg.label}: {hint} ({text[:200]})")

@@ -77,7 +77,7 @@ class ScoreClient:
                 continue
             if isinstance(msg, ScoreError):
                 self.errors += 1
-                fut.set_exception(RewardRequestError(msg.error))
+                fut.set_exception(RewardRequestError(msg.error, fix=msg.fix))
             elif msg.final:
                 fut.set_result(msg.score)
 
@@ -97,7 +97,7 @@ class ScoreClient:
         if silent > self.timeout_s:
             raise FeederLostError(
                 f"the reward feeder stopped answering ({silent:.0f} s without a message on "
-                f"{self.results_endpoint}); is its process alive? (overlap.feeder_timeout_s)")
+                f"{self.results_endpoint}); is its process alive?", fix="feeder_timeout")
 
     def _check_progress(self, step: int, index: int, since: float) -> None:
         idle = time.monotonic() - max(since, self.last_progress)
@@ -105,7 +105,7 @@ class ScoreClient:
             raise ScoreTimeoutError(
                 f"reward request (step {step}, sample {index}): no score {idle:.0f} s after its "
                 f"last chunk, and the feeder scored nothing else meanwhile; a lost chunk or a "
-                f"stuck reward engine (raise overlap.feeder_timeout_s if scoring is this slow)")
+                f"stuck reward engine", fix="feeder_slow")
 
     async def score(self, step: int, index: int) -> float:
         """Wait for the final score of (step, index). Raises the feeder's error for it

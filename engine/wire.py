@@ -45,12 +45,13 @@ class ScoreResult(msgspec.Struct, frozen=True, tag="score"):
 
 class ScoreError(msgspec.Struct, frozen=True, tag="score-error"):
     """Scoring response ``index`` in ``step`` failed at chunk ``seq``; no score will come.
-    ``error`` is the one-line message the receiving side raises."""
+    ``error`` is the one-line message the receiving side raises, ``fix`` its ``EngineError.fix``."""
 
     step: _NonNeg
     index: _NonNeg
     seq: _NonNeg
     error: Annotated[str, msgspec.Meta(max_length=2000)]
+    fix: Annotated[str, msgspec.Meta(max_length=40)] = ""  # the error's EngineError.fix
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):

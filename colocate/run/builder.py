@@ -33,7 +33,7 @@ from colocate.engine.pool import EnginePool
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.start_checks import check_remote_code, check_startable
 from colocate.monitor.timeline import Timeline
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, config_terms
 from colocate.rollout.env import Environment
 from colocate.rollout.environments import load_environment
 from colocate.rollout.evaluation import split_held_out
@@ -330,7 +330,8 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     folder = run_folder.claim(cfg, resume, log) if claim and dist.rank == 0 else None  # rank 0 writes it
     try:
         _sweep(folder, log)
-        return _build(cfg, dist, placement, resume, reward_fns, log, engines, env, folder)
+        with config_terms():  # an engine's error names the config field that fixes it
+            return _build(cfg, dist, placement, resume, reward_fns, log, engines, env, folder)
     except BaseException:
         if folder is not None:
             folder.release()

@@ -21,7 +21,7 @@ from colocate.run import rank_failure, rank_rollouts
 from colocate.monitor import completions
 from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
-from colocate.errors import USER_ERRORS
+from colocate.errors import USER_ERRORS, config_terms
 from colocate.run.guards import check_weight_versions
 from colocate.monitor.metrics import PhaseTimer
 from colocate.rollout.rollout_phase import StepRollout, sampling_params
@@ -199,7 +199,8 @@ def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | Non
     failure is first left for the others (``rank_failure.post``), and a collective broken
     by another rank going away becomes one line naming that rank and phase."""
     try:
-        return run()
+        with config_terms():  # an engine's error names the config field that fixes it
+            return run()
     except USER_ERRORS as exc:
         rank_failure.post(s.dist, s.state.phase, exc)
         path = s.save_after_failure() if s.state.phase != "eval" or saved_at != s.state.step else None

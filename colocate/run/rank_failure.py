@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, TypeVar
 
-from colocate.errors import USER_ERRORS, ColocateError
+from colocate.errors import USER_ERRORS, ColocateError, in_config_terms
 from colocate.trainer.distributed import all_gather_object, lost_peer, post_failure, posted_failure
 
 T = TypeVar("T")
@@ -48,7 +48,9 @@ class Failure:
 
 
 def describe(exc: BaseException) -> str:
-    """``exc`` as one short line: its type and the first line of its text."""
+    """``exc`` as one short line: its type and the first line of its text (an engine's error
+    with the config field that fixes it)."""
+    exc = in_config_terms(exc)
     text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

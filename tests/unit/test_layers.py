@@ -222,3 +222,41 @@ def test_sample_life_check_catches_a_sample_in_engine(tmp_path):
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "rollout.py").write_text("class Sample:\n    pass\n\nasync def run_step():\n    pass\n")
     assert sample_life_in_engine(tmp_path) == ["engine/rollout.py:1 defines Sample", "engine/rollout.py:4 defines run_step"]
+
+
+def config_fields_named(root: Path = ROOT) -> list[str]:
+    """Every ``section.field`` of colocate's config named anywhere in engine/'s text (code,
+    strings, comments): the engine layer names its own settings, colocate names its fields
+    (``colocate.errors.in_config_terms``)."""
+    import re
+
+    from colocate.config import Config
+
+    fields = _fields_of(Config)
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(f) for f in sorted(fields)) + r")(?![\w])")
+    found = []
+    for path in sorted((root / "engine").rglob("*.py")):
+        if "cpu_kernel" in path.parts:
+            continue
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{path.relative_to(root)}:{number} names {m}" for m in pattern.findall(text)]
+    return found
+
+
+def _fields_of(config_cls) -> set[str]:
+    """``section.field`` of every field of a config's sections (read from a default instance)."""
+    import dataclasses
+
+    default = config_cls()
+    return {f"{s.name}.{f.name}" for s in dataclasses.fields(default)
+            for f in dataclasses.fields(getattr(default, s.name)) if dataclasses.is_dataclass(getattr(default, s.name))}
+
+
+def test_no_engine_text_names_a_config_field():
+    assert config_fields_named() == []
+
+
+def test_config_field_check_catches_a_named_field(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "reward.py").write_text('fix = "lower rollout.max_new_tokens"\nx = self.rollout.max_new_tokens\n')
+    assert config_fields_named(tmp_path) == ["engine/reward.py:1 names rollout.max_new_tokens"]
