@@ -76,16 +76,24 @@ def check_model(cfg, field: str) -> str:
 
 
 # What SGLang cannot run although its registry has the class, found by starting each
-# family's tiny random model here (docs/config.md, the model families): SGLang's class -> (whether
-# the config SGLang builds it from can run, why not and what to do)
-LOAD_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+# family's tiny random model here and training it two steps (docs/config.md, "Model
+# families"): SGLang's class -> rules (whether the config SGLang builds it from can run;
+# why not and what to do). Checked against the config, so a folder that has what a rule
+# asks (a Gemma-2 checkpoint whose config.json still carries hidden_act) runs.
+_TIED = (lambda c: bool(getattr(c, "tie_word_embeddings", True)),
+         "its model has no output head of its own (it skips lm_head.weight and scores with the input "
+         "embeddings), so an untied head would be lost; tie_word_embeddings must be true, as in Google's checkpoints")
+LOAD_LIMITS: dict[str, tuple[tuple[Callable[[Any], bool], str], ...]] = {
+    "GemmaForCausalLM": (_TIED,),
     "Gemma2ForCausalLM": (
-        lambda c: hasattr(c, "hidden_act"),
-        "its model reads config.hidden_act, which this config.json lacks (transformers 5 writes only "
-        "hidden_activation); add \"hidden_act\": \"gelu_pytorch_tanh\" to it"),
+        (lambda c: hasattr(c, "hidden_act"),
+         "its model reads config.hidden_act, which this config.json lacks (transformers 5 writes only "
+         "hidden_activation); add \"hidden_act\": \"gelu_pytorch_tanh\" to it"),
+        _TIED),
+    "Gemma3ForCausalLM": (_TIED,),
     "PhiForCausalLM": (
-        lambda c: getattr(c, "num_key_value_heads", None) in (None, c.num_attention_heads),
-        "its model has no grouped-query attention (num_key_value_heads must equal num_attention_heads)"),
+        (lambda c: getattr(c, "num_key_value_heads", None) in (None, c.num_attention_heads),
+         "its model has no grouped-query attention (num_key_value_heads must equal num_attention_heads)"),),
 }
 
 
@@ -112,10 +120,10 @@ def check_loadable(cfg, field: str, version: str) -> str:
     except (ValueError, RuntimeError, KeyError, OSError, ImportError, AttributeError, TypeError) as exc:
         raise EngineStartError(f"{field}: SGLang {version} cannot load '{cfg.model_path}': "
                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    runs, why = LOAD_LIMITS.get(plan.architecture, (lambda c: True, ""))
-    if not runs(plan.config):
-        raise EngineStartError(f"{field}: SGLang {version} cannot load '{cfg.model_path}', a {plan.architecture}: "
-                               f"{why}")
+    for runs, why in LOAD_LIMITS.get(plan.architecture, ()):
+        if not runs(plan.config):
+            raise EngineStartError(f"{field}: SGLang {version} cannot load '{cfg.model_path}', a "
+                                   f"{plan.architecture}: {why}")
     return plan.architecture
 
 

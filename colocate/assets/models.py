@@ -275,7 +275,8 @@ def build_tiny_causal_lm(
     vocab: int = TINY_VOCAB_SIZE,
     max_positions: int = 1024,
 ) -> Path:
-    """Random float32 `LlamaForCausalLM`/`Qwen2ForCausalLM` (untied) plus the tiny tokenizer, in `path`."""
+    """Random float32 causal LM of the family ``arch`` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, ...;
+    untied but Gemma's) plus the tiny tokenizer, in `path`."""
     from transformers import AutoModelForCausalLM  # transformers on demand: the cache helpers stay light
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions)
@@ -377,7 +378,7 @@ def _tiny_config(
         num_key_value_heads=kv_heads,
         **({"head_dim": hidden // heads} if arch.startswith("gemma") else {}),  # Gemma's default: 256
         max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
+        tie_word_embeddings=arch.startswith("gemma"),  # Gemma's head is its input embeddings (as SGLang assumes)
         bos_token_id=TINY_BOS_ID,
         eos_token_id=TINY_EOS_ID,
         pad_token_id=TINY_PAD_ID,

@@ -128,3 +128,31 @@ def test_a_script_on_stdin_exits_with_one_line_naming_the_fix():
     module = types.ModuleType("__main__")
     module.__file__, module.__spec__ = "<stdin>", object()  # python -m: spawn re-imports by name
     check_main_guard(module)
+
+
+def test_load_limits_refuse_what_sglang_s_classes_cannot_run_and_pass_what_they_can():
+    """engine.start_checks.LOAD_LIMITS against transformers' own configs: SGLang's Gemma
+    models score with the input embeddings (untied heads refused), its Gemma-2 reads
+    hidden_act, its Phi has no grouped-query attention; the tiny models colocate builds of
+    those families pass (tied Gemmas)."""
+    from transformers import AutoConfig
+
+    from colocate.assets.models import _tiny_config
+    from colocate.engine.start_checks import LOAD_LIMITS
+
+    def refusals(arch: str, config) -> list[str]:
+        return [why.split(" (")[0] for runs, why in LOAD_LIMITS[arch] if not runs(config)]
+
+    untied = "its model has no output head of its own"
+    assert refusals("GemmaForCausalLM", AutoConfig.for_model("gemma", tie_word_embeddings=False)) == [untied]
+    assert refusals("GemmaForCausalLM", AutoConfig.for_model("gemma", tie_word_embeddings=True)) == []
+    no_act = "its model reads config.hidden_act, which this config.json lacks"
+    assert refusals("Gemma2ForCausalLM", AutoConfig.for_model("gemma2", tie_word_embeddings=False)) == [no_act, untied]
+    assert refusals("Gemma2ForCausalLM", AutoConfig.for_model("gemma2", hidden_act="gelu_pytorch_tanh")) == []
+    assert refusals("Gemma3ForCausalLM", AutoConfig.for_model("gemma3_text", tie_word_embeddings=False)) == [untied]
+    phi = AutoConfig.for_model("phi", num_attention_heads=4, num_key_value_heads=2)
+    assert refusals("PhiForCausalLM", phi) == ["its model has no grouped-query attention"]
+    assert refusals("PhiForCausalLM", AutoConfig.for_model("phi", num_attention_heads=4, num_key_value_heads=4)) == []
+    for arch, cls in (("gemma", "GemmaForCausalLM"), ("gemma3_text", "Gemma3ForCausalLM")):
+        built = _tiny_config(arch, 64, 2, 4, 2, 512, 128)
+        assert refusals(cls, built) == [], arch
