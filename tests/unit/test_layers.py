@@ -1,4 +1,4 @@
-"""Layers import downward only (DESIGN.md): engine/ and trainer/ use neither each other nor
+"""Layers import downward only (docs/structure.md): engine/ and trainer/ use neither each other nor
 colocate/ (nor bench/), trainer/ never imports SGLang, nothing at train time imports bench/,
 and colocate/'s own modules form no import cycle. Lazy imports inside functions count."""
 

@@ -4,7 +4,7 @@ engine dtype and the cast on the way into the engine.
 
 The call order is read from recorders standing in for the engines and the trainer: on CPU
 SGLang's memory saver is a no-op, so the order is the only thing that can be checked here
-(docs/architecture.md, "Time-sharing on CUDA", says what ran where)."""
+(docs/architecture.md, "Time-sharing: the sleep/wake order", says what ran where)."""
 
 from __future__ import annotations
 
