@@ -108,9 +108,15 @@ def prepare(device: str = "auto") -> Platform:
     return Platform(device="cuda" if use_cuda else "cpu", sglang_version=ver, kernel_standin=standin)
 
 
+# The architectures of the classes colocate registers (:func:`model_classes`), known without
+# importing SGLang: the suite runs each, so a start check need not resolve them again
+REGISTERED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "LlamaForSequenceClassification")
+
+
 def model_classes() -> list[type]:
     """SGLang's classes for the architectures colocate's models use (the actor's causal LMs,
-    the reward model's sequence classifier), which ``engine/sglang_models`` registers."""
+    the reward model's sequence classifier), which ``engine/sglang_models`` registers
+    (:data:`REGISTERED_ARCHITECTURES`, in this order)."""
     from sglang.srt.models.llama import LlamaForCausalLM
     from sglang.srt.models.llama_reward import LlamaForSequenceClassification
     from sglang.srt.models.qwen2 import Qwen2ForCausalLM

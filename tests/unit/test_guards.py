@@ -156,3 +156,27 @@ def test_load_limits_refuse_what_sglang_s_classes_cannot_run_and_pass_what_they_
     for arch, cls in (("gemma", "GemmaForCausalLM"), ("gemma3_text", "Gemma3ForCausalLM")):
         built = _tiny_config(arch, 64, 2, 4, 2, 512, 128)
         assert refusals(cls, built) == [], arch
+
+
+def test_the_classes_colocate_registers_are_named_without_sglang_and_have_no_load_limits():
+    from colocate.engine import sglang_api
+    from colocate.engine.start_checks import LOAD_LIMITS
+
+    assert [c.__name__ for c in sglang_api.model_classes()] == list(sglang_api.REGISTERED_ARCHITECTURES)
+    assert not set(sglang_api.REGISTERED_ARCHITECTURES) & set(LOAD_LIMITS)
+
+
+def test_a_start_check_of_a_registered_architecture_imports_no_sglang(tiny_actor_path, tiny_rm_path):
+    """``colocate train --check`` of a Llama actor and reward model stays light: the start
+    check resolves no class SGLang would load anyway (an unregistered family still is:
+    tests/failures/test_unloadable_model.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom colocate.engine.engine_config import EngineConfig\n"
+            "from colocate.engine.start_checks import check_startable\n"
+            f"print(check_startable(EngineConfig({tiny_actor_path!r}, role='actor', device='cpu'), 'models.actor'))\n"
+            f"print(check_startable(EngineConfig({tiny_rm_path!r}, role='reward', device='cpu'), 'models.reward'))\n"
+            "print('sglang' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["LlamaForCausalLM", "LlamaForSequenceClassification", "False"], done.stderr[-2000:]
