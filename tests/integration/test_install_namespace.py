@@ -28,12 +28,12 @@ def test_pip_install_adds_only_the_colocate_package(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")))
     assert top == ["bin", "colocate"] or top == ["colocate"], top
-    for sub in ("colocate/rollout/sample.py", "trainer/ppo_trainer.py", "bench/suite.py", "bench/peers/trl_ppo.py",
+    for sub in ("engine/runtime.py", "trainer/ppo_trainer.py", "bench/suite.py", "bench/peers/trl_ppo.py",
                 "engine/cpu_kernel/sgl_kernel/__init__.py", "run/builder.py", "rollout/rollouts.py",
                 "monitor/metrics.py", "assets/tasks.py", "tools/export.py",  # colocate/'s rooms too
                 "data/sentiment_prompts.json"):  # the default task's prompts
         assert (target / "colocate" / sub).is_file(), sub
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import colocate.rollout.sample, colocate.trainer.batch; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import colocate.engine.runtime, colocate.trainer.batch; "
             "import importlib.util as u; print([n for n in ('engine', 'trainer', 'bench') if u.find_spec(n)])")
     probe = subprocess.run([sys.executable, "-c", code, str(target)], cwd=tmp_path, capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr[-2000:]
