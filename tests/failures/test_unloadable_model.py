@@ -18,9 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+from click.testing import CliRunner
 
 from colocate.assets.models import build_tiny_causal_lm
+from colocate.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA2_LINE = ("error: models.actor: SGLang 0.5.23 cannot load '{path}', a Gemma2ForCausalLM: its model reads "
@@ -38,14 +41,29 @@ def gemma2(tmp_path_factory) -> Path:
     return build_tiny_causal_lm(tmp_path_factory.mktemp("gemma2") / "actor", arch="gemma2")
 
 
-@pytest.mark.parametrize("command", [["train", "--check"], pytest.param(["train"], marks=pytest.mark.slow)],
-                         ids=["check", "run"])
-def test_a_gemma2_actor_is_refused_in_one_line_before_any_engine(gemma2, tmp_path, command):
+def _gemma2_args(gemma2: Path, out: Path) -> list[str]:
+    return [f"--set=models.actor={gemma2}", "--set=reward.kind=rule", "--set=reward.rule=vader",
+            "--set=engines.device=cpu", f"--set=run.out_dir={out}", "--set=run.steps=1"]
+
+
+def test_a_gemma2_actor_is_refused_in_one_line_by_the_check(gemma2, tmp_path):
+    """In a process of its own: the line is all it writes."""
     out = tmp_path / "run"
-    done = _colocate(*command, f"--set=models.actor={gemma2}", "--set=reward.kind=rule", "--set=reward.rule=vader",
-                     "--set=engines.device=cpu", f"--set=run.out_dir={out}", "--set=run.steps=1", cwd=tmp_path)
+    done = _colocate("train", "--check", *_gemma2_args(gemma2, out), cwd=tmp_path)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [GEMMA2_LINE.format(path=gemma2)], done.stderr[-3000:]
+    assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_gemma2_actor_is_refused_in_one_line_before_any_engine(gemma2, tmp_path):
+    """The run itself, in this process (no second interpreter and SGLang import to pay for):
+    the same line, exit 2, no engine process started, nothing written."""
+    out = tmp_path / "run"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = CliRunner().invoke(main, ["train", *_gemma2_args(gemma2, out)])
+    assert (result.exit_code, result.stderr) == (2, GEMMA2_LINE.format(path=gemma2) + "\n"), result.output
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     assert not (out / "metrics.jsonl").exists()
 
 
