@@ -12,7 +12,8 @@ flushed to disk) before it acts, so ``colocate train --resume DIR`` of the same 
 it and stops at the next one: one config and one launch per fault (the fault matrix in
 ``tests/integration/test_fault_matrix.py``).
 
-Leaves out: where the points are called (``colocate.run.loop``, ``colocate.run.session``).
+Leaves out: calling them: the session fires the step's points at the boundaries of its
+phases (``colocate.run.phases``), the weight push's and the checkpoint's where those run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ POINTS = {
     "engine": "the actor engine's processes are killed as step S's generation begins",
 }
 FIRED = "faults_fired"
+# the points at the boundaries of a step's phases (colocate.run.phases: (event, phase) -> points,
+# in firing order); "sync" and "checkpoint" are the weight push's and checkpoint write's own
+AT_BOUNDARY = {("begin", "rollout"): ("engine", "generate"), ("end", "rollout"): ("score",),
+               ("begin", "old_logp"): ("logprobs",), ("begin", "actor"): ("update",)}
 
 
 class FaultInjected(ColocateError):

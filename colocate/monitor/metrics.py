@@ -1,38 +1,20 @@
-"""Per-step metrics: phase timers, JSONL always, TensorBoard when installed, W&B when asked.
+"""Per-step metrics: JSONL always, TensorBoard when installed, W&B when asked.
 
-Owns: :class:`PhaseTimer` (wall time of each named phase of a step) and
-:class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present,
+Owns: :class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present,
 a :class:`colocate.monitor.wandb_log.WandbRun` when ``run.wandb_project`` is set).
-Leaves out: what is measured (the loop decides).
+Leaves out: what is measured (the loop decides; its phases' seconds: ``colocate.run.phases``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
-import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import psutil
 
 from colocate.monitor import completions
-
-
-class PhaseTimer:
-    """Accumulates seconds per phase name; ``with timer("generate"): ...``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
 class MetricsLog:

@@ -23,7 +23,7 @@ from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
 from colocate.errors import USER_ERRORS, config_terms
 from colocate.run.guards import check_weight_versions
-from colocate.monitor.metrics import PhaseTimer
+from colocate.run.phases import StepPhases
 from colocate.rollout.rollout_phase import StepRollout, sampling_params
 from colocate.run.session import Session
 from colocate.trainer.advantages import token_kl
@@ -34,16 +34,14 @@ from colocate.monitor.wandb_log import WandbRun
 StepCallback = Callable[[dict[str, Any]], None]
 
 
-def rollout(s: Session) -> StepRollout | None:
+def rollout(s: Session, phases: StepPhases) -> StepRollout | None:
     """Generate and score this rank's share of the batch on its engines, in the step's mode
     (``colocate.rollout.rollouts``; ``None`` on a rank without engines)."""
     if s.rollouts is None:
         return None
     served = s.engine_requests()
-    s.fault("engine", s.state.step + 1)  # run.fault_at's points before the step's first request
-    s.fault("generate", s.state.step + 1)
-    part = s.rollouts.rollout(s.data, s.state.step, s.state.weight_version, _sampling(s))
-    s.fault("score", s.state.step + 1)
+    with phases("rollout", timed=False):
+        part = s.rollouts.rollout(s.data, s.state.step, s.state.weight_version, _sampling(s))
     return part.with_stats(s.requests_since(served))
 
 
@@ -54,47 +52,45 @@ def _sampling(s: Session) -> dict[str, Any]:
 
 def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     """One PPO step; returns its metrics (``trained``, when given, gets the step's samples)."""
-    timer, t_step = PhaseTimer(), time.perf_counter()
-    s.begin_step()
-    data = rank_rollouts.gather(lambda: rollout(s), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
-    timer.seconds.update(data.seconds)
+    t_step = time.perf_counter()
+    phases = s.begin_step()  # its boundaries are where faults, progress and the timeline attach
+    data = rank_rollouts.gather(lambda: rollout(s, phases), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
+    phases.seconds.update(data.seconds)
     samples = data.samples
     if trained is not None:
         trained.extend(samples)
     scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
     check_weight_versions([x.versions for x in samples], s.state.weight_version,
                           carries_partials=s.cfg.overlap.deferral)
-    s.set_phase("train")
+    phases.enter("train")
     if not all(math.isfinite(v) for v in scores):
-        return _skipped(s, t_step, "non-finite reward from the reward model/functions")
+        return _skipped(s, phases, t_step, "non-finite reward from the reward model/functions")
     pad = s.run.tokenizer.pad_token_id if s.run.tokenizer.pad_token_id is not None else 0
     batch = batch_of(samples, pad)  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
     computed, sample_tokens = s.trainer.pass_tokens(batch)  # a group's prompt once (ppo.shared_prefix)
-    with timer("sleep_wake"):
+    with phases("sleep_wake"):
         s.engines.sharing.sleep_engines()
     ref_logp = None
     if s.trainer.settings.reference:  # none when the KL is off (ppo.kl_coef=0, fixed)
-        with timer("ref"):
+        with phases("ref"):
             ref_logp = s.trainer.ref_logprobs(batch)
-    s.fault("logprobs", s.state.step + 1)
     # where nothing reads them before the update, the actor's first minibatch takes its old
     # log-probs from its own forward (the same weights): this pass skips its rows
     first_forward = s.trainer.settings.old_logp_from_first_forward
-    with timer("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
+    with phases("old_logp"):  # ppo.old_logp=rollout: the engine's log-probs of current-version tokens
         old_logp = s.trainer.old_logprobs(batch, current_version=s.state.weight_version, leave_first=first_forward)
     values = None
     if critic:
-        with timer("values"):
+        with phases("values"):
             values = s.trainer.values(batch)
-    with timer("advantages"):
+    with phases("advantages"):
         adv, returns, _, _ = s.trainer.advantages(batch, old_logp, ref_logp, values, s.state.kl_ctl.value)
     critic_stats = {}
     if critic:
-        with timer("critic"):
+        with phases("critic"):
             critic_stats = s.trainer.train_critic(batch, values, returns)
-    s.fault("update", s.state.step + 1)
-    with timer("actor"):
+    with phases("actor"):
         actor_stats = s.trainer.train_actor(batch, old_logp, adv, s.state.weight_version,
                                             ref_logp=ref_logp, kl_coef=s.state.kl_ctl.value, fill_first=first_forward)
     mean_kl = None
@@ -105,24 +101,24 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     if s.rollouts is not None:
         s.rollouts.observe_reward(statistics.fmean(scores))
     s.state.step += 1
-    s.set_phase("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
-    timer.seconds["sync"] = s.engines.sharing.wake_and_sync(
+    phases.enter("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
+    phases.seconds["sync"] = s.engines.sharing.wake_and_sync(
         s.gather_weights, lambda full: rank_failure.agree(lambda: s.push_weights(full), s.dist, "sync"))
-    s.set_phase("idle")
-    rec = _record(s, data, scores, timer, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
+    phases.enter("idle")
+    rec = _record(s, data, scores, phases, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
     return rec | {"train/tokens_computed": computed, "train/tokens_samples": sample_tokens}
 
 
-def _skipped(s: Session, t_step: float, reason: str) -> dict[str, Any]:
+def _skipped(s: Session, phases: StepPhases, t_step: float, reason: str) -> dict[str, Any]:
     """A step whose update is skipped: nothing trained, the weights stay as they were."""
     s.log(f"step {s.state.step + 1}: update skipped: {reason}")
     s.state.step += 1
-    s.set_phase("idle")
+    phases.enter("idle")
     return {"step": s.state.step, "skipped": reason, "trained_samples": 0,
             "step_s": time.perf_counter() - t_step, "weight_version": s.state.weight_version}
 
 
-def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
+def _record(s, data, scores, phases, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:
     samples = data.samples
     n_tokens = sum(len(x.output_ids) for x in samples)
     rec = {
@@ -143,7 +139,7 @@ def _record(s, data, scores, timer, step_s, mean_kl, critic_stats, actor_stats) 
         "sync/pushed_mb": s.sync_mb(),  # weights pushed into the engine per sync (LoRA: the adapted linears)
         "reward/fn_errors": s.run.reward_errors.take(),  # reward functions scored 0.0 (reward.on_error=zero)
         **s.engines.sharing.take_stats(),  # sync/push_s; CUDA: gpu/* memory at each sleep and wake
-        **{f"time/{k}": v for k, v in timer.seconds.items()},
+        **{f"time/{k}": v for k, v in phases.seconds.items()},
         **data.stats,  # rollout/* and overlap/* (zeros where the mode has no overlap)
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},

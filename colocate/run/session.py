@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 
 from colocate.run import checkpoint, checkpoint_layout, weight_sync
 from colocate import faults
+from colocate.run.phases import StepPhases
 from colocate.config import Config
 from colocate.engine.runtime import SglangEngine
 from colocate.monitor.timeline import Timeline, mark
@@ -183,13 +184,24 @@ class Session:
     def log(self, message: str) -> None:
         self.run.log(message)
 
-    def begin_step(self) -> None:
+    def begin_step(self) -> StepPhases:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
-        during the rollout can still checkpoint exactly that step."""
+        during the rollout can still checkpoint exactly that step; returns the step's phases
+        (``colocate.run.phases``) with this run's hooks at their boundaries, in the rollout."""
         self.state.snapshot = copy.deepcopy(self._plain_parts())
         if self.run.timeline is not None:
             self.run.timeline.step = self.state.step + 1
-        self.set_phase("rollout")
+        phases = StepPhases([self._at_boundary])
+        phases.enter("rollout")
+        return phases
+
+    def _at_boundary(self, event: str, phase: str) -> None:
+        """A step's hook: the run's phase (its record, watchers, timeline) and ``run.fault_at``'s
+        faults at the boundaries they name (``faults.AT_BOUNDARY``) of the step in progress."""
+        if event == "enter":
+            self.set_phase(phase)
+        for point in faults.AT_BOUNDARY.get((event, phase), ()):
+            self.fault(point, self.state.step + 1)
 
     def fault(self, point: str, step: int) -> None:
         """``run.fault_at``'s test hook (``colocate.faults``): nothing unless it names this

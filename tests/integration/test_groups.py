@@ -13,6 +13,7 @@ import pytest
 from colocate import api
 from colocate.run import builder, checkpoint
 from colocate.run import loop as ppo_loop
+from colocate.run.phases import StepPhases
 from colocate.config import load_config
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample
@@ -54,13 +55,13 @@ def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoin
     try:
         steps = []
         for _ in range(2):
-            steps.append(ppo_loop.rollout(session))
+            steps.append(ppo_loop.rollout(session, StepPhases()))
             session.state.step += 1
         path = session.save_checkpoint()
         saved = [s["index"] for s in json.loads(json.dumps(session.data.state_dict()))["deferred"]]
         assert saved, "the premise: members deferred at the checkpoint"
         for _ in range(2):
-            steps.append(ppo_loop.rollout(session))
+            steps.append(ppo_loop.rollout(session, StepPhases()))
             session.state.step += 1
         for step in steps:
             assert len(step.samples) == 4
@@ -75,7 +76,7 @@ def test_group_deferral_trains_whole_groups_and_keeps_members_across_a_checkpoin
         session.restore(path)  # back to the checkpoint: every deferred member comes back
         later = []
         for _ in range(3):
-            later += ppo_loop.rollout(session).samples
+            later += ppo_loop.rollout(session, StepPhases()).samples
             session.state.step += 1
         _check_groups(later)
         left = {s.index for s in session.data.deferred}

@@ -153,6 +153,7 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
     import math
 
     from colocate.run import builder, loop as ppo_loop
+    from colocate.run.phases import StepPhases
     from colocate.rollout import evaluation
     from colocate.config import load_config
 
@@ -177,7 +178,7 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
             assert len(set(want)) > 1  # four different responses, four different scores
             ran = set()
             for _ in range(4):  # auto: a warm-up step, then sequential, intra and inter once each
-                part = ppo_loop.rollout(s)
+                part = ppo_loop.rollout(s, StepPhases())
                 ran.add((part.stats["overlap/auto_streamed"], part.stats["overlap/auto_deferral"]))
                 seqs = [x.prompt_ids + x.output_ids for x in part.samples]
                 model = inline.actor.loop.run_until_complete(reward.score_many(inline.reward_engine, seqs, "check"))

@@ -210,6 +210,7 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
     resume as prompt + partial)."""
     from colocate.config import load_config
     from colocate.run import builder, loop as ppo_loop
+    from colocate.run.phases import StepPhases
 
     overrides = run_overrides(tiny_pair("ppo", 0, 2), tmp_path, "rollout.batch_size=4", "rollout.group_size=4",
                               "ppo.advantage=grpo", "ppo.minibatches=1", "overlap.mode=auto",
@@ -222,7 +223,7 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
     try:
         ran = []
         for _ in range(3):  # auto's queue: inter (warm-up), inter, sequential
-            part = ppo_loop.rollout(s)
+            part = ppo_loop.rollout(s, StepPhases())
             ran.append(part.stats["overlap/auto_deferral"])
             if ran[-1] == 1.0:
                 assert part.stats["overlap/parked"] > 0  # stragglers left in the paused engine
