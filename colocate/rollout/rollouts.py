@@ -43,8 +43,7 @@ from colocate.rollout.live import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.monitor.timeline import Timeline, mark
-from colocate.rollout.scheduler import (ChunkSizeTuner, ChunkTunerConfig, LengthAwareScheduler,
-                              SchedulerConfig, staleness_stats)
+from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler, staleness_stats
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
@@ -58,16 +57,6 @@ from colocate.rollout.turns import EnvTurns
 # use the step itself): held-out evaluations, and training steps that do not stream
 EVAL_STEP_BASE = 1 << 40
 WHOLE_STEP_BASE = 1 << 41
-
-
-def _scheduler_config(cfg: Config, batch_size: int) -> SchedulerConfig:
-    o = cfg.overlap
-    delta = o.delta_init if o.deferral else 0
-    return SchedulerConfig(batch_size=batch_size, delta_init=delta,
-                           delta_min=o.delta_min if o.deferral else 0,
-                           delta_max=o.delta_max if o.deferral else 0, window=o.window,
-                           adaptive=o.delta_adaptive and o.deferral, max_staleness_versions=o.drop_staleness,
-                           group_size=cfg.rollout.group_size)
 
 
 def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
@@ -96,12 +85,10 @@ class Rollouts:
         self.scorer = Scorer(reward_engine, tuple(reward_fns), decode, cfg.reward.scale, o.feeder_timeout_s,
                              whole=self._whole(WHOLE_STEP_BASE) if feeder_engine is not None else None)
         self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
-        self.scheduler = LengthAwareScheduler(_scheduler_config(cfg, batch_size or cfg.rollout.batch_size))
+        self.scheduler = LengthAwareScheduler(o, batch_size or cfg.rollout.batch_size, cfg.rollout.group_size)
         self.picker = ModePicker(auto_policy(o, streams=reward_engine is not None or feeder_engine is not None)) \
             if o.mode == "auto" else None
-        fixed = o.chunk_size or o.candidates[0]
-        self.tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=o.candidates, retune_every=o.retune_every,
-                                                     adaptive=o.chunk_size == 0, fixed=fixed))
+        self.tuner = ChunkSizeTuner(o)
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.client: ScoreClient | None = None
         self._channel_seen: dict[str, int] = {}  # channel counts reported so far
@@ -240,7 +227,7 @@ class Rollouts:
         o = self.cfg.overlap
         streams = self.client is not None and step_mode.streams
         chunk = self.tuner.chunk_for_step(step) if streams else 0
-        need = max(0, self.scheduler.config.batch_groups - len({s.group_id for s in plan.ready}))
+        need = max(0, self.scheduler.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
         res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
             self.actor, plan.launch, sampling, step, score=self.scorer,

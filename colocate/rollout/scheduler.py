@@ -5,7 +5,7 @@ a data source's fresh groups, and launches B+Δ samples (deferred partials first
 first, then fresh ones), trains on the first B to finish and hands back the rest, with
 their partial tokens, sampling logprobs and per-token weight versions, to be deferred;
 dropping (and reporting) partials whose oldest token is more than
-``max_staleness_versions`` behind. With groups (``group_size`` n > 1: n samples of one
+``overlap.drop_staleness`` behind. With groups (``group_size`` n > 1: n samples of one
 prompt, GRPO's group) the unit is the group: B/n + Δ groups per step, a group is trained
 only when every member is finished (and scored), in the order groups complete; an
 incomplete group is deferred whole, its finished members waiting (not generated again)
@@ -13,9 +13,10 @@ beside its partial ones, and a group with a too-stale member is dropped whole. n
 exactly the per-sample schedule; :class:`DeltaController` (Δ follows the least-squares
 slope of mean reward over a window); :class:`ChunkSizeTuner` (OPPO's intra-step chunk
 size: try each candidate for one step every ``retune_every`` steps, keep the fastest);
-:func:`staleness_stats`; JSON-safe ``state_dict``/``load_state_dict``. The configs'
-defaults are those of the ``overlap``/``rollout`` fields they are built from
-(``tests/unit/test_one_set_of_defaults.py``).
+:func:`staleness_stats`; JSON-safe ``state_dict``/``load_state_dict``. Each takes the
+``overlap`` section as it is (the scheduler also this rank's B and ``rollout.group_size``);
+what follows from it (Δ's bounds when no step defers, the tuner's fixed chunk) are
+properties; the values were checked when the config was loaded (``colocate.config_checks``).
 
 Samples that finish *after* the first B of a step are not thrown away and not trained
 late in the same step: they are deferred as complete samples and trained first next step
@@ -33,46 +34,16 @@ import itertools
 import math
 from typing import Any, Iterator, Sequence
 
-from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.config import OverlapConfig
+from colocate.engine.errors import EngineError
 from colocate.rollout.sample import Sample, group_member
 
 Groups = Iterator[list[Sample]]  # fresh groups of a data source, each its n new samples
 
 
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    batch_size: int = 8  # B: samples trained on per step
-    delta_init: int = 2  # Δ: extra samples (groups) launched per step
-    delta_min: int = 0
-    delta_max: int = 8
-    delta_inc: int = 1
-    delta_dec: int = 1
-    window: int = 5  # w: steps of mean reward the slope is fitted over
-    adaptive: bool = True  # False: Δ stays delta_init
-    max_staleness_versions: int = 4  # S_hard: drop partials whose oldest token lags more
-    group_size: int = 1  # n: samples per prompt; B must be a multiple, Δ counts groups
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("batch_size", self.batch_size >= 1, "must be >= 1"),
-            ("delta_min", self.delta_min >= 0, "must be >= 0"),
-            ("delta_max", self.delta_max >= self.delta_min, "must be >= delta_min"),
-            ("delta_init", self.delta_min <= self.delta_init <= self.delta_max,
-             "must lie in [delta_min, delta_max]"),
-            ("delta_inc", self.delta_inc >= 0, "must be >= 0"),
-            ("delta_dec", self.delta_dec >= 0, "must be >= 0"),
-            ("window", self.window >= 2, "must be >= 2 (a slope needs two points)"),
-            ("max_staleness_versions", self.max_staleness_versions >= 0, "must be >= 0"),
-            ("group_size", self.group_size >= 1 and self.batch_size % self.group_size == 0,
-             f"must be >= 1 and divide batch_size {self.batch_size}"),
-        ]
-        for name, ok, why in checks:
-            if not ok:
-                raise EngineConfigError(f"overlap.{name}: {getattr(self, name)!r} {why}")
-
-    @property
-    def batch_groups(self) -> int:
-        return self.batch_size // self.group_size
+# OPPO's Δ steps (no config field): +δinc while the reward rises, else −δdec
+DELTA_INC = 1
+DELTA_DEC = 1
 
 
 def reward_slope(values: Sequence[float]) -> float:
@@ -88,31 +59,49 @@ def reward_slope(values: Sequence[float]) -> float:
 
 class DeltaController:
     """Δ ← min(Δmax, Δ+δinc) while the reward slope over the last w steps is > 0, else
-    Δ ← max(Δmin, Δ−δdec). Non-finite rewards are skipped; fixed mode never moves."""
+    Δ ← max(Δmin, Δ−δdec). Non-finite rewards are skipped; fixed mode never moves. When
+    no step defers (``overlap.deferral`` false), Δ is 0 and never moves."""
 
-    def __init__(self, config: SchedulerConfig):
-        self.config = config
-        self.delta = config.delta_init
+    def __init__(self, overlap: OverlapConfig, *, inc: int = DELTA_INC, dec: int = DELTA_DEC):
+        self.overlap = overlap
+        self.inc, self.dec = inc, dec  # OPPO's δinc, δdec
+        self.delta = self.delta_init
         self.rewards: list[float] = []
 
+    @property
+    def delta_init(self) -> int:
+        return self.overlap.delta_init if self.overlap.deferral else 0
+
+    @property
+    def delta_min(self) -> int:
+        return self.overlap.delta_min if self.overlap.deferral else 0
+
+    @property
+    def delta_max(self) -> int:
+        return self.overlap.delta_max if self.overlap.deferral else 0
+
+    @property
+    def adaptive(self) -> bool:
+        """False: Δ stays ``delta_init``."""
+        return self.overlap.delta_adaptive and self.overlap.deferral
+
     def update(self, mean_reward: float) -> int:
-        cfg = self.config
         if math.isfinite(mean_reward):
-            self.rewards = (self.rewards + [float(mean_reward)])[-cfg.window :]
-        if cfg.adaptive and len(self.rewards) >= 2:
+            self.rewards = (self.rewards + [float(mean_reward)])[-self.overlap.window :]
+        if self.adaptive and len(self.rewards) >= 2:
             if reward_slope(self.rewards) > 0:
-                self.delta = min(cfg.delta_max, self.delta + cfg.delta_inc)
+                self.delta = min(self.delta_max, self.delta + self.inc)
             else:
-                self.delta = max(cfg.delta_min, self.delta - cfg.delta_dec)
+                self.delta = max(self.delta_min, self.delta - self.dec)
         return self.delta
 
     def state_dict(self) -> dict[str, Any]:
         return {"delta": self.delta, "rewards": list(self.rewards)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        cfg = self.config  # the config may have changed across a resume: clamp into it
-        self.delta = min(cfg.delta_max, max(cfg.delta_min, int(state["delta"])))
-        self.rewards = [float(r) for r in state["rewards"]][-cfg.window :]
+        # the config may have changed across a resume: clamp into it
+        self.delta = min(self.delta_max, max(self.delta_min, int(state["delta"])))
+        self.rewards = [float(r) for r in state["rewards"]][-self.overlap.window :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +146,13 @@ class LengthAwareScheduler:
     between steps: what it defers goes back to the caller (the data source,
     ``colocate.rollout.data_source``)."""
 
-    def __init__(self, config: SchedulerConfig):
-        self.config = config
-        self.delta_ctl = DeltaController(config)
+    def __init__(self, overlap: OverlapConfig, batch_size: int, group_size: int):
+        """``batch_size``: B, the samples this rank trains per step (its share of
+        ``rollout.batch_size``, a multiple of ``group_size``); ``group_size``: n
+        (``rollout.group_size``); Δ counts groups."""
+        self.overlap = overlap
+        self.batch_size, self.group_size = batch_size, group_size
+        self.delta_ctl = DeltaController(overlap)
         self._ready: list[Sample] = []
         self._waiting: list[Sample] = []  # finished members of the open plan's launched groups
         self._in_flight: set[int] | None = None  # indices launched by the open plan
@@ -167,6 +160,11 @@ class LengthAwareScheduler:
     @property
     def delta(self) -> int:
         return self.delta_ctl.delta
+
+    @property
+    def batch_groups(self) -> int:
+        """B/n: the groups trained per step."""
+        return self.batch_size // self.group_size
 
     def plan(self, deferred: Sequence[Sample], fresh: Groups, current_version: int, defer: bool = True) -> Plan:
         """Choose the B+Δ samples (B/n + Δ groups) of this step from ``deferred`` (the
@@ -177,12 +175,12 @@ class LengthAwareScheduler:
         first. ``Plan.kept``: the deferred samples this step does not take (still deferred)."""
         if self._in_flight is not None:
             raise EngineError("scheduler: plan() called again before select() closed the step")
-        limit = self.config.max_staleness_versions
+        limit = self.overlap.drop_staleness
         groups = groups_of(sorted(deferred, key=lambda s: s.index))
         stale = [any(_too_stale(s, current_version, limit) for s in g) for g in groups]
         dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
         keep = [g for g, bad in zip(groups, stale) if not bad]
-        pool = self.config.batch_groups + (self.delta if defer else 0)
+        pool = self.batch_groups + (self.delta if defer else 0)
         ready = [g for g in keep if all(s.finished for s in g)][:pool]
         partial = [g for g in keep if not all(s.finished for s in g)][: pool - len(ready)]
         taken = {g[0].group_id for g in ready + partial}
@@ -198,7 +196,7 @@ class LengthAwareScheduler:
     def _fresh(self, fresh: Groups, groups: int) -> list[Sample]:
         """``groups`` new groups from ``fresh`` (fewer when it runs out), each checked: n
         new samples of one group under consecutive indices."""
-        n = self.config.group_size
+        n = self.group_size
         out = []
         for members in itertools.islice(fresh, groups):
             first = members[0].index if members else None
@@ -234,7 +232,7 @@ class LengthAwareScheduler:
         complete = sorted((g for g in ran if all(s.finished for s in g)),
                           key=lambda g: max(order.get(s.index, -1) for s in g))
         done = ready + complete
-        keep = self.config.batch_groups
+        keep = self.batch_groups
         train = [s for g in done[:keep] for s in g]
         defer = [s for g in done[keep:] for s in g] + [s for g in ran if not all(m.finished for m in g) for s in g]
         self._ready, self._waiting, self._in_flight = [], [], None
@@ -267,56 +265,48 @@ def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class ChunkTunerConfig:
-    candidates: tuple[int, ...] = (16, 32, 64, 128)  # tokens per chunk streamed to the RM
-    retune_every: int = 50  # a tuning round starts every N steps (step 0 included)
-    adaptive: bool = True  # False: always ``fixed``
-    fixed: int = 16  # not adaptive: always; else until a round has a fastest (overlap.chunk_size or candidates[0])
-
-    def __post_init__(self) -> None:
-        if not self.candidates or any(int(c) < 1 for c in self.candidates):
-            raise EngineConfigError(f"overlap.chunk_candidates: {self.candidates!r} must be positive sizes")
-        if self.retune_every < len(self.candidates):
-            raise EngineConfigError(
-                f"overlap.retune_every: {self.retune_every} is less than the "
-                f"{len(self.candidates)} candidates a tuning round tries"
-            )
-        if self.fixed < 1:
-            raise EngineConfigError(f"overlap.chunk_size: {self.fixed} must be >= 1")
-
-
 class ChunkSizeTuner:
-    """Steps r·N … r·N+k−1 each try one of the k candidates; the rest of the round uses
-    the fastest measured one. Before any round completes, ``fixed`` is used."""
+    """Steps r·N … r·N+k−1 (N ``overlap.retune_every``) each try one of the k candidates
+    (``overlap.chunk_candidates``); the rest of the round uses the fastest measured one.
+    Before any round completes, :attr:`fixed` is used; with ``overlap.chunk_size`` set,
+    always."""
 
-    def __init__(self, config: ChunkTunerConfig):
-        self.config = config
+    def __init__(self, overlap: OverlapConfig):
+        self.overlap = overlap
         self.best: int | None = None
         self.round = -1
         self.trials: dict[int, float] = {}  # candidate -> step seconds, this round
 
+    @property
+    def adaptive(self) -> bool:
+        """``overlap.chunk_size`` 0: tune online among the candidates (OPPO's rule)."""
+        return self.overlap.chunk_size == 0
+
+    @property
+    def fixed(self) -> int:
+        """Not adaptive: always; else until a round has a fastest."""
+        return self.overlap.chunk_size or self.overlap.candidates[0]
+
     def chunk_for_step(self, step: int) -> int:
-        cfg = self.config
-        if not cfg.adaptive:
-            return cfg.fixed
-        offset = step % cfg.retune_every
-        if offset < len(cfg.candidates):
-            return cfg.candidates[offset]
-        return self.best if self.best is not None else cfg.fixed
+        if not self.adaptive:
+            return self.fixed
+        candidates, offset = self.overlap.candidates, step % self.overlap.retune_every
+        if offset < len(candidates):
+            return candidates[offset]
+        return self.best if self.best is not None else self.fixed
 
     def record(self, step: int, chunk: int, seconds: float) -> None:
         """Measured time of ``step``, run with ``chunk``; only tuning steps count."""
         if not math.isfinite(seconds) or seconds < 0:
             raise EngineError(f"chunk tuner: step {step} took {seconds!r} s; expected >= 0")
-        cfg = self.config
-        offset = step % cfg.retune_every
-        if not cfg.adaptive or offset >= len(cfg.candidates) or chunk != cfg.candidates[offset]:
+        candidates, every = self.overlap.candidates, self.overlap.retune_every
+        offset = step % every
+        if not self.adaptive or offset >= len(candidates) or chunk != candidates[offset]:
             return
-        if step // cfg.retune_every != self.round:
-            self.round, self.trials = step // cfg.retune_every, {}
+        if step // every != self.round:
+            self.round, self.trials = step // every, {}
         self.trials[chunk] = float(seconds)
-        if len(self.trials) == len(cfg.candidates):
+        if len(self.trials) == len(candidates):
             self.best = min(self.trials, key=self.trials.__getitem__)
 
     def state_dict(self) -> dict[str, Any]:
@@ -325,6 +315,6 @@ class ChunkSizeTuner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         best = state["best"]
-        self.best = int(best) if best in self.config.candidates else None
+        self.best = int(best) if best in self.overlap.candidates else None
         self.round = int(state["round"])
         self.trials = {int(c): float(t) for c, t in state["trials"]}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import itertools
 
-from colocate.config import RolloutConfig
+from colocate.config import OverlapConfig, RolloutConfig
 from colocate.rollout.sample import Sample, Status
-from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
+from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt, response_budget
@@ -102,7 +102,7 @@ def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
     # session hands it every rank) plans the carried groups before new ones
     data = DataSource(PROMPTS, RolloutConfig(group_size=n, max_new_tokens=4), seed=0)
     data.load_state_dict(base, state)
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=n))
+    sched = LengthAwareScheduler(OverlapConfig(mode="inter", delta_init=1, delta_max=2), 4, n)
     sched.load_state_dict({"delta": {"delta": 2, "rewards": [0.1, 0.2]}})
     plan = sched.plan(data.take_deferred(), data.groups(), current_version=0)
     assert [s.group_id for s in plan.ready] == [0, 0, 1, 1, 2, 2]

@@ -1,14 +1,14 @@
-"""One set of defaults: the settings the trainer and the scheduler run with default to the
-config fields users configure, and the builders carry every field the two share.
+"""One set of defaults: the settings the trainer runs with default to the config fields
+users configure, and the builders carry every field the two share.
 
-A bench or test that builds `TrainerSettings`, `SchedulerConfig`, `ChunkTunerConfig` or
-`LoraSettings` directly then trains as a default configured run does, and a field the
-builder forgets is caught by a non-default value that does not arrive.
+A bench or test that builds `TrainerSettings` or `LoraSettings` directly then trains as a
+default configured run does, and a field the builder forgets is caught by a non-default
+value that does not arrive.
 
 Each lower field is mapped to the config field it is built from (same name in its section
 unless `RENAMED` says otherwise) or listed in `NOT_FROM_CONFIG` with the reason; a new
-field on either side has to be placed here. Left out: `ChunkTunerConfig`'s builder is
-inline in `Rollouts.__init__` (it needs engines), so only its defaults are checked.
+field on either side has to be placed here. The scheduler and the chunk tuner have no
+settings of their own: they take the `overlap` section itself (`colocate.rollout.scheduler`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from colocate.config import Config, LoraConfig, OverlapConfig, PPOConfig
-from colocate.rollout.scheduler import ChunkTunerConfig, SchedulerConfig
-from colocate.rollout.rollouts import _scheduler_config
+from colocate.config import Config, LoraConfig
 from colocate.run import builder
 from colocate.tools import export
 from colocate.trainer.lora import LoraSettings
@@ -33,15 +31,11 @@ from colocate.trainer.settings import TrainerSettings
 RENAMED: dict[type, dict[str, str]] = {
     TrainerSettings: {"seed": "run.seed", "temperature": "rollout.temperature",
                       "host_offload": "engines.host_offload", "trust_remote_code": "models.trust_remote_code"},
-    SchedulerConfig: {"batch_size": "rollout.batch_size", "group_size": "rollout.group_size",
-                      "adaptive": "overlap.delta_adaptive", "max_staleness_versions": "overlap.drop_staleness"},
     LoraSettings: {},
 }
-SECTION = {TrainerSettings: "ppo", SchedulerConfig: "overlap", LoraSettings: "lora"}
-FILE = {TrainerSettings: "trainer/settings.py", SchedulerConfig: "colocate/rollout/scheduler.py",
-        LoraSettings: "trainer/lora.py", ChunkTunerConfig: "colocate/rollout/scheduler.py"}
+SECTION = {TrainerSettings: "ppo", LoraSettings: "lora"}
+FILE = {TrainerSettings: "trainer/settings.py", LoraSettings: "trainer/lora.py"}
 BUILDER = {TrainerSettings: "colocate/run/builder.py: trainer_settings",
-           SchedulerConfig: "colocate/rollout/rollouts.py: _scheduler_config",
            LoraSettings: "colocate/run/builder.py: trainer_settings (lora=...)"}
 NOT_FROM_CONFIG: dict[type, dict[str, str]] = {
     TrainerSettings: {
@@ -51,16 +45,13 @@ NOT_FROM_CONFIG: dict[type, dict[str, str]] = {
         "max_staleness": "overlap.max_staleness only under deferral with staleness=mask (None: off)",
         "micro_batch": "no config field (padded rows per pass)", "reference": "derived: kl_on(cfg)",
         "lora": "the LoraSettings pair below"},
-    SchedulerConfig: {"delta_inc": "no config field (OPPO's δinc)", "delta_dec": "no config field (OPPO's δdec)"},
     LoraSettings: {},
 }
-# sections whose every field reaches the lower class, but these (ppo: the loop's KL controller);
-# overlap also feeds the mode picker, the feeder and the chunk tuner, so it is not checked so
+# sections whose every field reaches the lower class, but these (ppo: the loop's KL controller)
 CONFIG_ONLY = {"ppo": {"kl_kind", "kl_coef", "kl_target", "kl_horizon"}, "lora": set()}
 # non-default values where "the next value" (+1, not, another Literal choice) would not be valid
-CHANGED = {"rollout.batch_size": 10, "rollout.group_size": 2, "rollout.temperature": 0.5,
-           "overlap.delta_min": 1, "overlap.delta_init": 3, "overlap.delta_max": 6,
-           "ppo.loss_agg": "seq-mean-token-sum", "lora.dropout": 0.1, "lora.target_modules": "q_proj,v_proj"}
+CHANGED = {"rollout.temperature": 0.5, "ppo.loss_agg": "seq-mean-token-sum", "lora.dropout": 0.1,
+           "lora.target_modules": "q_proj,v_proj"}
 
 
 def _default(cls: type, name: str) -> Any:
@@ -88,7 +79,7 @@ def _config_default(path: str) -> Any:
     return _default(type(getattr(Config(), section)), name)
 
 
-@pytest.mark.parametrize("lower", [TrainerSettings, SchedulerConfig, LoraSettings], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("lower", [TrainerSettings, LoraSettings], ids=lambda c: c.__name__)
 def test_every_field_is_placed(lower):
     fields = {f.name for f in dataclasses.fields(lower)}
     mapped, other = set(_mapping(lower)), set(NOT_FROM_CONFIG[lower])
@@ -105,7 +96,7 @@ def test_every_field_is_placed(lower):
     assert not unread, f"{section}.* fields {sorted(unread)} reach no {lower.__name__} field: map or list them here"
 
 
-@pytest.mark.parametrize("lower", [TrainerSettings, SchedulerConfig, LoraSettings], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("lower", [TrainerSettings, LoraSettings], ids=lambda c: c.__name__)
 def test_shared_defaults_are_the_configs(lower):
     wrong = []
     for name, path in sorted(_mapping(lower).items()):
@@ -113,20 +104,6 @@ def test_shared_defaults_are_the_configs(lower):
         if mine != theirs or type(mine) is not type(theirs):
             wrong.append(f"{lower.__name__}.{name} defaults to {mine!r}, {path} to {theirs!r}: "
                          f"set {FILE[lower]}'s default to {theirs!r} (the config is the user-facing default)")
-    assert not wrong, "\n".join(wrong)
-
-
-def _tuner_from(o: OverlapConfig) -> dict[str, Any]:
-    """What `Rollouts.__init__` builds the chunk tuner with from ``overlap``."""
-    return {"candidates": o.candidates, "retune_every": o.retune_every, "adaptive": o.chunk_size == 0,
-            "fixed": o.chunk_size or o.candidates[0]}
-
-
-def test_chunk_tuner_defaults_are_the_configs():
-    assert set(_tuner_from(OverlapConfig())) == {f.name for f in dataclasses.fields(ChunkTunerConfig)}
-    wrong = [f"ChunkTunerConfig.{name} defaults to {_default(ChunkTunerConfig, name)!r}, a default overlap "
-             f"section builds {want!r}: set {FILE[ChunkTunerConfig]}'s default to {want!r}"
-             for name, want in _tuner_from(OverlapConfig()).items() if _default(ChunkTunerConfig, name) != want]
     assert not wrong, "\n".join(wrong)
 
 
@@ -164,10 +141,9 @@ def _lora_via_trainer(cfg: Config) -> LoraSettings:
     return _trainer(cfg).lora
 
 
-# lower class, its builder, fields every test config sets (deferral on, so Δ is the config's)
+# lower class, its builder, fields every test config sets
 BUILDERS: list[tuple[type, Callable[[Config], Any], dict[str, Any]]] = [
     (TrainerSettings, _trainer, {}),
-    (SchedulerConfig, lambda cfg: _scheduler_config(cfg, cfg.rollout.batch_size), {"overlap.mode": "oppo"}),
     (LoraSettings, _lora_via_trainer, {}),
 ]
 
@@ -191,13 +167,8 @@ def test_the_export_reads_every_lora_field(tmp_path):
 
 
 def test_bare_settings_are_a_default_configured_run():
-    """On CPU, the trainer of a default config is the bare dataclass; the scheduler of a
-    default config with an overlap that defers is too (sequential launches exactly B: Δ 0)."""
+    """On CPU, the trainer of a default config is the bare dataclass."""
     # but for the dtype auto resolves to: float32 unless this CPU multiplies bf16 natively (trainer/precision.py)
     assert _trainer(Config()) == TrainerSettings(actor_path="/actor", dtype=builder.trainer_dtype(Config(), "cpu"))
     assert builder.trainer_dtype(Config(), "cpu", frozenset()) == TrainerSettings.dtype
-    oppo = dataclasses.replace(Config(), overlap=OverlapConfig(mode="oppo"))
-    assert _scheduler_config(oppo, Config().rollout.batch_size) == SchedulerConfig()
-    sequential = _scheduler_config(Config(), Config().rollout.batch_size)
-    assert (sequential.delta_init, sequential.delta_max, sequential.adaptive) == (0, 0, False)
     assert LoraSettings(**dataclasses.asdict(LoraConfig())) == LoraSettings()

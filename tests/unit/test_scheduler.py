@@ -1,8 +1,10 @@
 """colocate/rollout/scheduler.py: Δ adaptation against a hand computation, launch order and unique
 indices, budget accounting across deferrals, exactly-B selection, staleness drops, the
-chunk-size tuner, and JSON state round-trips. The deferred samples and fresh groups come
-from a real data source (``colocate.rollout.data_source.DataSource``), fed to the
-scheduler as ``Rollouts.rollout`` feeds it (:func:`plan`, :func:`select`)."""
+chunk-size tuner, and JSON state round-trips. Each is handed an ``overlap`` section as a
+run's config holds it (:func:`deferring`: a mode that defers); its rules are refused when
+the config is loaded. The deferred samples and fresh groups come from a real data source
+(``colocate.rollout.data_source.DataSource``), fed to the scheduler as ``Rollouts.rollout``
+feeds it (:func:`plan`, :func:`select`)."""
 
 import itertools
 import json
@@ -11,15 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colocate.config import RolloutConfig
-from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.config import OverlapConfig, RolloutConfig, load_config
+from colocate.engine.errors import EngineError
+from colocate.errors import ConfigError
 from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import (
     ChunkSizeTuner,
-    ChunkTunerConfig,
     DeltaController,
     LengthAwareScheduler,
-    SchedulerConfig,
     reward_slope,
     staleness_stats,
 )
@@ -27,6 +28,11 @@ from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt
 
 PROMPTS = [Prompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
+
+
+def deferring(**fields):
+    """An ``overlap`` section of a mode that defers (``inter``: Δ is the section's), ``fields`` set."""
+    return OverlapConfig(mode="inter", **fields)
 
 
 def source(budget=8):
@@ -71,9 +77,8 @@ def test_reward_slope_is_least_squares():
 
 
 def test_delta_follows_reward_slope_by_hand_and_respects_bounds():
-    cfg = SchedulerConfig(batch_size=4, delta_init=2, delta_min=1, delta_max=4, delta_inc=1,
-                          delta_dec=2, window=3)
-    ctl = DeltaController(cfg)
+    cfg = deferring(delta_init=2, delta_min=1, delta_max=4, window=3)
+    ctl = DeltaController(cfg, inc=1, dec=2)
     rewards = [0.1, 0.2, 0.4, 0.8, 0.7, 0.5, 0.3, 0.2, 0.9, 1.0]
     # by hand: a least-squares slope over 3 points is (y2 - y0) / 2, over 2 it is y1 - y0;
     # windows and slope signs: +, +, +, +(.15), −, −, −, +(.3), +(.4)
@@ -84,29 +89,45 @@ def test_delta_follows_reward_slope_by_hand_and_respects_bounds():
 
 
 def test_delta_fixed_mode_flat_rewards_and_nan():
-    fixed = DeltaController(SchedulerConfig(delta_init=3, adaptive=False))
+    fixed = DeltaController(deferring(delta_init=3, delta_adaptive=False))
     assert [fixed.update(r) for r in [0.0, 1.0, 2.0, 3.0]] == [3, 3, 3, 3]
-    flat = DeltaController(SchedulerConfig(delta_init=2, delta_max=4))
+    flat = DeltaController(deferring(delta_init=2, delta_max=4))
     assert [flat.update(1.0) for _ in range(3)] == [2, 1, 0]  # slope 0 counts as "not rising"
-    nan = DeltaController(SchedulerConfig(delta_init=2))
+    nan = DeltaController(deferring(delta_init=2))
     assert nan.update(float("nan")) == 2 and nan.rewards == []
 
 
+def test_delta_is_the_sections_when_a_step_defers_else_zero():
+    """A default config (sequential) launches exactly B: Δ 0, never moving; a mode that
+    defers takes Δ's bounds from the section (what tests/unit/test_one_set_of_defaults.py
+    checked of the scheduler's former settings)."""
+    sequential = DeltaController(OverlapConfig())
+    assert (sequential.delta_init, sequential.delta_min, sequential.delta_max, sequential.adaptive) == (0, 0, 0, False)
+    assert [sequential.update(r) for r in [0.0, 1.0, 2.0]] == [0, 0, 0]
+    o = OverlapConfig(mode="oppo")
+    oppo = DeltaController(o)
+    assert (oppo.delta, oppo.delta_min, oppo.delta_max, oppo.adaptive) == (o.delta_init, o.delta_min, o.delta_max, True)
+    assert (oppo.inc, oppo.dec) == (1, 1)  # OPPO's δinc, δdec
+    sched = LengthAwareScheduler(OverlapConfig(), 8, 2)
+    assert (sched.delta, sched.batch_groups) == (0, 4)
+
+
 def test_config_errors_name_the_field():
-    with pytest.raises(EngineConfigError, match="overlap.delta_init"):
-        SchedulerConfig(delta_init=9, delta_max=8)
-    with pytest.raises(EngineConfigError, match="overlap.window"):
-        SchedulerConfig(window=1)
-    with pytest.raises(EngineConfigError, match="overlap.retune_every"):
-        ChunkTunerConfig(candidates=(16, 32, 64), retune_every=2)
-    with pytest.raises(EngineConfigError, match="overlap.chunk_candidates"):
-        ChunkTunerConfig(candidates=(16, 0))
-    with pytest.raises(EngineConfigError, match="overlap.chunk_size"):
-        ChunkTunerConfig(adaptive=False, fixed=0)
+    """The scheduler's and the tuner's rules are refused when the config is loaded."""
+    with pytest.raises(ConfigError, match="overlap.delta_init"):
+        load_config(overrides=["overlap.delta_init=9", "overlap.delta_max=8"])
+    with pytest.raises(ConfigError, match="overlap.window"):
+        load_config(overrides=["overlap.window=1"])
+    with pytest.raises(ConfigError, match="overlap.retune_every"):
+        load_config(overrides=["overlap.chunk_candidates=16,32,64", "overlap.retune_every=2"])
+    with pytest.raises(ConfigError, match="overlap.chunk_candidates"):
+        load_config(overrides=["overlap.chunk_candidates=16,0"])
+    with pytest.raises(ConfigError, match="overlap.chunk_size"):  # the fixed chunk: chunk_size or candidates[0]
+        load_config(overrides=["overlap.chunk_size=-1"])
 
 
 def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, adaptive=False))
+    sched = LengthAwareScheduler(deferring(delta_init=2, delta_adaptive=False), 2, 1)
     data = source()
     p1 = plan(sched, data, 0)
     assert [s.index for s in p1.launch] == [0, 1, 2, 3] and p1.resumed == 0
@@ -126,8 +147,7 @@ def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
 
 
 def test_budget_is_kept_across_several_deferrals():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1, adaptive=False,
-                                                 max_staleness_versions=100))
+    sched = LengthAwareScheduler(deferring(delta_init=1, delta_adaptive=False, drop_staleness=100), 1, 1)
     data = source(budget=10)
     long_one = None
     for version in range(6):
@@ -150,7 +170,7 @@ def test_budget_is_kept_across_several_deferrals():
 
 
 def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=3, adaptive=False))
+    sched = LengthAwareScheduler(deferring(delta_init=3, delta_adaptive=False), 2, 1)
     data = source()
     p1 = plan(sched, data, 0)
     for s in p1.launch[:4]:
@@ -170,7 +190,7 @@ def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
 
 
 def test_select_refuses_missing_samples_and_overrun_budgets():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=1))
+    sched = LengthAwareScheduler(deferring(delta_init=1), 1, 1)
     data = source(budget=2)
     p1 = plan(sched, data, 0)
     with pytest.raises(EngineError, match="every launched sample"):
@@ -183,8 +203,7 @@ def test_select_refuses_missing_samples_and_overrun_budgets():
 
 
 def test_stale_partials_are_dropped_and_reported():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=1, delta_init=2, adaptive=False,
-                                                 max_staleness_versions=2))
+    sched = LengthAwareScheduler(deferring(delta_init=2, delta_adaptive=False, drop_staleness=2), 1, 1)
     data = source()
     p1 = plan(sched, data, 0)
     grow(p1.launch[0], 1, 0, "stop"), grow(p1.launch[1], 2, 0), grow(p1.launch[2], 0, 0)
@@ -200,7 +219,7 @@ def test_stale_partials_are_dropped_and_reported():
 
 
 def test_out_of_prompts_launches_fewer():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2))
+    sched = LengthAwareScheduler(deferring(delta_init=2), 2, 1)
     assert [s.index for s in plan(sched, source(), 0, limit=3).launch] == [0, 1, 2]
 
 
@@ -212,7 +231,7 @@ def test_staleness_stats_over_tokens():
 
 
 def test_chunk_tuner_picks_fastest_and_retunes_every_n():
-    tuner = ChunkSizeTuner(ChunkTunerConfig(candidates=(16, 32, 64), retune_every=5, fixed=8))
+    tuner = ChunkSizeTuner(OverlapConfig(chunk_candidates="16,32,64", retune_every=5))
     costs = [{16: 3.0, 32: 1.0, 64: 2.0}, {16: 0.5, 32: 1.0, 64: 2.0}]
     used = []
     for step in range(10):
@@ -220,18 +239,18 @@ def test_chunk_tuner_picks_fastest_and_retunes_every_n():
         used.append(chunk)
         tuner.record(step, chunk, costs[step // 5].get(chunk, 9.0))
     assert used == [16, 32, 64, 32, 32, 16, 32, 64, 16, 16]
-    fixed = ChunkSizeTuner(ChunkTunerConfig(adaptive=False, fixed=48))
+    fixed = ChunkSizeTuner(OverlapConfig(chunk_size=48))
     assert {fixed.chunk_for_step(s) for s in range(100)} == {48}
     with pytest.raises(EngineError, match="took"):
         tuner.record(0, 16, float("nan"))
 
 
 def test_chunk_tuner_incomplete_round_falls_back_to_fixed_and_round_trips():
-    cfg = ChunkTunerConfig(candidates=(16, 32), retune_every=4, fixed=8)
+    cfg = OverlapConfig(chunk_candidates="16,32", retune_every=4)
     tuner = ChunkSizeTuner(cfg)
     tuner.record(0, 16, 1.0)
     tuner.record(2, 16, 0.1)  # not a tuning step: ignored
-    assert tuner.chunk_for_step(2) == 8
+    assert tuner.chunk_for_step(2) == tuner.fixed == 16  # tuning: the fixed chunk is the first candidate
     fresh = ChunkSizeTuner(cfg)
     fresh.load_state_dict(json.loads(json.dumps(tuner.state_dict())))
     fresh.record(1, 32, 0.5)
@@ -239,15 +258,15 @@ def test_chunk_tuner_incomplete_round_falls_back_to_fixed_and_round_trips():
 
 
 def test_scheduler_state_round_trips_through_json():
-    cfg = SchedulerConfig(batch_size=1, delta_init=1, delta_max=3, window=3)
-    sched, data = LengthAwareScheduler(cfg), source()
+    cfg = deferring(delta_init=1, delta_max=3, window=3)
+    sched, data = LengthAwareScheduler(cfg, 1, 1), source()
     p1 = plan(sched, data, 0)
     grow(p1.launch[0], 2, 0, "stop"), grow(p1.launch[1], 3, 0)
     select(sched, data, p1.launch)
     sched.observe_reward(0.1), sched.observe_reward(0.3)
     state = json.loads(json.dumps(sched.state_dict()))
     data_state = json.loads(json.dumps(data.state_dict()))
-    fresh, fresh_data = LengthAwareScheduler(cfg), source()
+    fresh, fresh_data = LengthAwareScheduler(cfg, 1, 1), source()
     fresh.load_state_dict(state)
     fresh_data.load_state_dict(data.base, data_state)
     assert fresh.state_dict() == sched.state_dict() and fresh.delta == 2
@@ -265,9 +284,8 @@ def test_scheduler_state_round_trips_through_json():
 def test_invariants_over_random_steps(batch, delta, steps):
     """Budgets are never exceeded, indices are unique, nothing is lost, and exactly B are
     trained whenever B finished."""
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=batch, delta_init=delta,
-                                                 delta_max=3, adaptive=False,
-                                                 max_staleness_versions=100))
+    sched = LengthAwareScheduler(deferring(delta_init=delta, delta_max=3, delta_adaptive=False, drop_staleness=100),
+                                 batch, 1)
     data = source(budget=5)
     trained = []
     for version, grows in enumerate(steps):

@@ -2,7 +2,9 @@
 trained only when every member is finished, in the order groups complete, incomplete
 groups deferred whole (finished members wait, only unfinished ones are launched again),
 stale groups dropped whole, the state round-trips through JSON, and group size 1 is the
-per-sample schedule. The deferred samples and fresh groups come from a real data source
+per-sample schedule; a batch that is not a whole number of groups is refused when the
+config is loaded. The scheduler is handed an ``overlap`` section of a mode that defers
+(:func:`deferring`). The deferred samples and fresh groups come from a real data source
 (``colocate.rollout.data_source.DataSource``), fed to the scheduler as ``Rollouts.rollout``
 feeds it (:func:`plan`, :func:`run`)."""
 
@@ -10,14 +12,20 @@ import json
 
 import pytest
 
-from colocate.config import RolloutConfig
-from colocate.engine.errors import EngineConfigError, EngineError
+from colocate.config import OverlapConfig, RolloutConfig, load_config
+from colocate.engine.errors import EngineError
+from colocate.errors import ConfigError
 from colocate.rollout.sample import Sample
-from colocate.rollout.scheduler import LengthAwareScheduler, SchedulerConfig
+from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollout_phase import Prompt
 
 PROMPTS = [Prompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
+
+
+def deferring(**fields):
+    """An ``overlap`` section of a mode that defers (``inter``: Δ is the section's), ``fields`` set."""
+    return OverlapConfig(mode="inter", **fields)
 
 
 def source(n, budget=8):
@@ -60,7 +68,7 @@ def run(sched, data, plan, finished_order, partial=()):
 
 
 def test_b_over_n_plus_delta_groups_are_launched_with_shared_prompts():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=2))
+    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=2), 4, 2)
     p = plan(sched, source(2), 0)
     assert [s.index for s in p.launch] == [0, 1, 2, 3, 4, 5]  # 2 + 1 groups of 2
     assert [s.group for s in p.launch] == [0, 0, 1, 1, 2, 2]
@@ -68,8 +76,7 @@ def test_b_over_n_plus_delta_groups_are_launched_with_shared_prompts():
 
 
 def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=4, delta_init=1, delta_max=2, group_size=2,
-                                                 adaptive=False))
+    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=2, delta_adaptive=False), 4, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     # group 2 completes first (4, 5), then group 0 (0, 1); group 1 has 2 finished, 3 partial
@@ -88,8 +95,7 @@ def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
 
 
 def test_complete_groups_beyond_b_are_trained_first_next_step():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2,
-                                                 adaptive=False))
+    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=1, delta_adaptive=False), 2, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     train, defer = run(sched, data, p1, [0, 1, 2, 3])
@@ -101,8 +107,7 @@ def test_complete_groups_beyond_b_are_trained_first_next_step():
 
 
 def test_a_group_with_a_too_stale_member_is_dropped_whole():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2,
-                                                 adaptive=False, max_staleness_versions=1))
+    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=1, delta_adaptive=False, drop_staleness=1), 2, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     run(sched, data, p1, [0, 1, 2], partial=[3])  # group 1: member 2 finished at version 0, 3 partial
@@ -112,14 +117,14 @@ def test_a_group_with_a_too_stale_member_is_dropped_whole():
 
 
 def test_state_round_trips_with_groups_scores_and_records():
-    cfg = SchedulerConfig(batch_size=2, delta_init=1, delta_max=1, group_size=2, adaptive=False)
-    sched, data = LengthAwareScheduler(cfg), source(2)
+    cfg = deferring(delta_init=1, delta_max=1, delta_adaptive=False)
+    sched, data = LengthAwareScheduler(cfg, 2, 2), source(2)
     p1 = plan(sched, data, 0)
     p1.launch[2].record = {"answer": "4"}
     run(sched, data, p1, [0, 1, 2], partial=[3])
     state = json.loads(json.dumps(sched.state_dict()))
     data_state = json.loads(json.dumps(data.state_dict()))
-    fresh, fresh_data = LengthAwareScheduler(cfg), source(2)
+    fresh, fresh_data = LengthAwareScheduler(cfg, 2, 2), source(2)
     fresh.load_state_dict(state)
     fresh_data.load_state_dict(data.base, data_state)
     a, b = plan(sched, data, 1), plan(fresh, fresh_data, 1)
@@ -129,20 +134,19 @@ def test_state_round_trips_with_groups_scores_and_records():
 
 
 def test_a_fresh_group_must_keep_the_group():
-    sched = LengthAwareScheduler(SchedulerConfig(batch_size=2, group_size=2, delta_init=0))
+    sched = LengthAwareScheduler(deferring(delta_init=0), 2, 2)
     with pytest.raises(EngineError, match="group 0"):
         sched.plan([], iter([[Sample(0, [1], 4, group=0), Sample(1, [1], 4, group=1)]]), 0)  # member 1 claims group 1
 
 
 def test_batch_must_be_a_multiple_of_the_group():
-    with pytest.raises(EngineConfigError, match="group_size"):
-        SchedulerConfig(batch_size=6, group_size=4)
+    with pytest.raises(ConfigError, match="group_size"):
+        load_config(overrides=["rollout.batch_size=6", "rollout.group_size=4"])
 
 
 def test_group_size_one_is_the_per_sample_schedule():
-    plain = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, delta_max=2, adaptive=False))
-    ones = LengthAwareScheduler(SchedulerConfig(batch_size=2, delta_init=2, delta_max=2, adaptive=False,
-                                                group_size=1))
+    plain = LengthAwareScheduler(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
+    ones = LengthAwareScheduler(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
     sources = {plain: source(1), ones: source(1)}
     for sched, data in sources.items():
         p = plan(sched, data, 0)
