@@ -1,11 +1,12 @@
 """The samples of one engine rank before and between the steps that run them.
 
-Owns: :class:`DataSource`: the tokenized training prompts and the held-out ones, this
+Owns: :class:`TokenizedPrompt` (a prompt of the data set as token ids, with its source
+record), :class:`DataSource`: the tokenized training prompts and the held-out ones, this
 rank's position in its stream of prompts (groups drawn) and where the engine ranks'
 streams start (:meth:`DataSource.position`: :func:`union_id` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
-budget, the names of new samples (unique, increasing indices;
-``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
+budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
+samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
 for their group or the next step; the scheduler is handed them each step and hands back
 what it defers), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
 (a resume on another number of engine ranks).
@@ -17,21 +18,30 @@ them (``colocate.rollout.rollouts``), the checkpoint's layout (``colocate.run.ch
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from typing import Any, Iterator, Sequence
 
 from colocate.config import RolloutConfig
 from colocate.rollout.sample import Sample, group_member, sample_index
-from colocate.rollout.rollout_phase import Prompt, prompt_samples, response_budget
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedPrompt:
+    """One tokenized prompt of the data set with its source record (kept for rule rewards)."""
+
+    ids: tuple[int, ...]
+    record: dict[str, Any]
 
 
 @dataclasses.dataclass
 class DataSource:
-    prompts: list[Prompt]
+    prompts: list[TokenizedPrompt]
     rollout: RolloutConfig  # group size n, the length distribution of token budgets
     seed: int  # run.seed: the budgets' draw
     rank: int = 0  # this engine rank (Placement.engine_rank) of
     ranks: int = 1  # the run's engine ranks
-    eval_prompts: list[Prompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
+    eval_prompts: list[TokenizedPrompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     base: int = 0  # where the engine ranks' streams start (a resume on another world size moves it)
     drawn: int = 0  # groups this rank has drawn
     next_index: int = 0  # the next new sample's index
@@ -141,3 +151,23 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
     moved = sum(len(m) for _, m in groups)
     return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
                            f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")
+
+
+def response_budget(rollout_cfg, seed: int, position: int) -> int:
+    """Token budget of the request at data ``position``: ``max_new_tokens``, or a draw from
+    a long-tailed distribution capped at it (deterministic in seed and position)."""
+    cap = rollout_cfg.max_new_tokens
+    if rollout_cfg.length_dist == "fixed":
+        return cap
+    rng = random.Random(seed * 1_000_003 + position)
+    median = rollout_cfg.length_median or max(1, cap // 4)
+    if rollout_cfg.length_dist == "lognormal":
+        draw = math.exp(rng.gauss(math.log(median), rollout_cfg.length_sigma))
+    else:  # pareto with the given median: x_m = median / 2^(1/alpha)
+        draw = median / 2 ** (1 / rollout_cfg.pareto_alpha) * rng.paretovariate(rollout_cfg.pareto_alpha)
+    return int(min(cap, max(1, round(draw))))
+
+
+def prompt_samples(prompts: Sequence[TokenizedPrompt], max_new_tokens: int) -> list[Sample]:
+    """One sample per prompt (index = position), each with the whole budget."""
+    return [Sample(i, list(p.ids), max_new_tokens, record=dict(p.record)) for i, p in enumerate(prompts)]

@@ -17,7 +17,6 @@ import statistics
 import time
 from typing import Any, Sequence, TypeVar
 
-from colocate.rollout.rollout_phase import sampling_params
 
 T = TypeVar("T")
 
@@ -43,10 +42,9 @@ def evaluate(session, answered: list | None = None) -> dict[str, Any]:  # noqa: 
     (``answered``, when given, gets the samples). Non-finite scores are counted
     (``non_finite``) and left out of the mean."""
     s = session
-    r = s.cfg.rollout
     started = time.perf_counter()
-    samples = s.data.eval_samples(r.max_new_tokens)
-    s.rollouts.evaluate(samples, sampling_params(0.0, 1.0, s.stop_ids, r.ignore_eos), s.state.step)
+    samples = s.data.eval_samples(s.cfg.rollout.max_new_tokens)
+    s.rollouts.evaluate(samples, s.state.step)
     if answered is not None:
         answered.extend(samples)
     scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.rollout.scoring)

@@ -1,6 +1,6 @@
 """Generating a sample on the actor engine: submit, stream, abort, resume.
 
-Owns: streaming one sample while calling back with each new chunk (tokens, sampling
+Owns: a rollout's sampling parameters (:func:`sampling_params`), streaming one sample while calling back with each new chunk (tokens, sampling
 logprobs and each token's weight version appended to the :class:`Sample`), resuming a
 partial sample with exactly its remaining token budget, prefilling a group's shared
 prompt once, aborting a request, and the turn loop of a multi-turn trajectory
@@ -26,6 +26,15 @@ from colocate.rollout.sample import MultiTurn, OnTokens, Sample, Status, check_b
 
 if TYPE_CHECKING:
     from colocate.engine.runtime import SglangEngine
+
+
+def sampling_params(temperature: float, top_p: float, stop_ids: Sequence[int],
+                    ignore_eos: bool = False) -> dict[str, Any]:
+    """SGLang's sampling parameters of a rollout: stop at ``stop_ids`` unless ``ignore_eos``."""
+    params = {"temperature": temperature, "top_p": top_p, "stop_token_ids": list(stop_ids)}
+    if ignore_eos:
+        params = {"temperature": temperature, "top_p": top_p, "ignore_eos": True}
+    return params
 
 
 def _version(raw: Any, default: int) -> int:

@@ -12,10 +12,12 @@ or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them through 
 schedule, ``colocate.rollout.schedule.run_step`` — every sample scored after generation when the mode
 neither streams nor defers and nothing is carried (sequential), else streamed and/or
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
-the held-out evaluation through it too (scored after generation), and hands back what to train
-on, with the step's stats (``overlap/*`` in every mode, incl. the ZeroMQ frames either end
+the held-out evaluation through it too (greedy, scored after generation), and hands back
+what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``;
+``engine/<role>_requests``; ``overlap/*`` in every mode, incl. the ZeroMQ frames either end
 of the feeder channel refused or lost during the step; the feeder's counts come with its
-heartbeats, so they lag it by at most 0.5 s).
+heartbeats, so they lag it by at most 0.5 s). The step's sampling parameters are its own
+(``rollout.temperature``, ``top_p``, ``ignore_eos`` and the tokenizer's stop ids).
 
 Leaves out: the schedule itself (``colocate.rollout.schedule``),
 scoring (``colocate.rollout.scoring``) and training.
@@ -49,7 +51,7 @@ from colocate.engine.runtime import run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn
-from colocate.rollout.rollout_phase import StepRollout, rollout_stats
+from colocate.rollout.generation import sampling_params
 from colocate.rollout.scoring import Scorer
 from colocate.rollout.turns import EnvTurns
 
@@ -57,6 +59,38 @@ from colocate.rollout.turns import EnvTurns
 # use the step itself): held-out evaluations, and training steps that do not stream
 EVAL_STEP_BASE = 1 << 40
 WHOLE_STEP_BASE = 1 << 41
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRollout:
+    """A step's rollout, in every mode: the samples to train on (scored, groups whole and
+    contiguous), the phase seconds and the mode's stats."""
+
+    samples: list[Sample]
+    seconds: dict[str, float]
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def with_stats(self, extra: dict[str, float]) -> "StepRollout":
+        return dataclasses.replace(self, stats={**self.stats, **extra})
+
+
+def rollout_stats(samples: Sequence[Sample], multi_turn: bool = False) -> dict[str, float]:
+    """Metrics of the trained samples in every mode: groups, and prompt tokens the actor
+    engine served from its radix cache (a group's shared prompt: n - 1 of its members).
+    Multi-turn: model turns and environment answers (tool calls) per trajectory, the
+    share of trajectories with at least one, environment tokens per trajectory, the
+    environment's rewards, and the context tokens later turns found in the radix cache."""
+    stats = {"rollout/groups": len({s.group_id for s in samples}),
+             "rollout/cached_prompt_tokens": sum(s.cached_tokens for s in samples)}
+    if multi_turn and samples:
+        n = len(samples)
+        stats |= {"rollout/turns": sum(s.turns for s in samples) / n,
+                  "rollout/tool_calls": sum(len(s.observations) for s in samples) / n,
+                  "rollout/tool_call_rate": sum(1 for s in samples if s.observations) / n,
+                  "rollout/env_tokens": sum(len(s.output_ids) - sum(s.mask()) for s in samples) / n,
+                  "rollout/env_reward": sum(s.env_reward for s in samples) / n,
+                  "rollout/cached_turn_tokens": sum(s.turn_cached_tokens for s in samples)}
+    return stats
 
 
 def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
@@ -73,8 +107,11 @@ class Rollouts:
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
-                 timeline: Timeline | None = None, env: EnvTurns | None = None):
+                 timeline: Timeline | None = None, env: EnvTurns | None = None, stop_ids: Sequence[int] = ()):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
+        r = cfg.rollout  # the step's sampling, and the held-out evaluation's (greedy)
+        self.sampling = sampling_params(r.temperature, r.top_p, stop_ids, r.ignore_eos)
+        self.greedy = sampling_params(0.0, 1.0, stop_ids, r.ignore_eos)
         self.timeline, self.log = timeline, log
         self.env = env  # multi-turn: the environment that answers each model turn
         self.turns = env.multi_turn() if env is not None else None
@@ -168,11 +205,12 @@ class Rollouts:
             self._tmp.cleanup()
 
     # ---- one step ----------------------------------------------------------------------
-    def rollout(self, data: DataSource, step: int, version: int, sampling: dict[str, Any]) -> StepRollout:
+    def rollout(self, data: DataSource, step: int, version: int) -> StepRollout:
         """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
         order. ``data``: this rank's data source, which hands the scheduler its deferred
         samples and fresh groups and keeps what the step defers. The step's mode is
         ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
+        served = self._requests()
         name, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
         step_mode = by_name(name)
         plan = self.scheduler.plan(data.take_deferred(), data.groups(), version, defer=step_mode.defers)
@@ -192,7 +230,7 @@ class Rollouts:
             run_guarded([self.actor], self.live.discard(self.actor, ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
         try:
-            seconds, ended, chunk = self._run_step(plan, step_mode, step, sampling, score_at_end=plain)
+            seconds, ended, chunk = self._run_step(plan, step_mode, step, score_at_end=plain)
         finally:
             if self.env is not None:
                 self.env.step_ended()
@@ -210,10 +248,16 @@ class Rollouts:
                  **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
                  **self._auto_stats(step_mode), **self._channel_stats()}
         env = {"env/errors": self.env.errors.take()} if self.env is not None else {}
+        requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
         return StepRollout(train, seconds, {**rollout_stats(train, self.turns is not None), **env,
-                                            **{f"overlap/{k}": v for k, v in stats.items()}})
+                                            **{f"overlap/{k}": v for k, v in stats.items()}, **requests})
 
-    def _run_step(self, plan, step_mode: Mode, step: int, sampling: dict[str, Any], score_at_end: bool):
+    def _requests(self) -> dict[str, int]:
+        """Requests sent so far to the actor and the inline reward engine."""
+        engines = {"actor": self.actor, "reward": self.reward_engine}
+        return {role: eng.requests for role, eng in engines.items() if eng is not None}
+
+    def _run_step(self, plan, step_mode: Mode, step: int, score_at_end: bool):
         """``plan`` through ``colocate.rollout.schedule.run_step``, the one schedule: streamed scoring when
         the mode streams, the cut after the first B/n groups when it defers, every sample
         scored after generation when ``score_at_end`` (a sequential step with nothing
@@ -221,7 +265,7 @@ class Rollouts:
         completion order, or in launch order when scored at the end) and the chunk."""
         if score_at_end:
             res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
-                self.actor, plan.launch, sampling, step, score_all=self.scorer.score_all, tag_prefix="st",
+                self.actor, plan.launch, self.sampling, step, score_all=self.scorer.score_all, tag_prefix="st",
                 timeline=self.timeline, turns=self.turns))
             return res.seconds, res.completed + res.unfinished, 0
         o = self.cfg.overlap
@@ -230,7 +274,7 @@ class Rollouts:
         need = max(0, self.scheduler.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
         res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
-            self.actor, plan.launch, sampling, step, score=self.scorer,
+            self.actor, plan.launch, self.sampling, step, score=self.scorer,
             client=self.client if streams else None, chunk=chunk or 64,
             cut_after=need if step_mode.defers else None,
             pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
@@ -275,15 +319,15 @@ class Rollouts:
 
         return scores
 
-    def evaluate(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int) -> dict[str, float]:
-        """The held-out evaluation after ``step``: ``samples`` generated and scored like
-        training, on the sequential schedule, outside the scheduler (request ids ``ev``;
+    def evaluate(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
+        """The held-out evaluation after ``step``: ``samples`` generated greedily and scored
+        like training, on the sequential schedule, outside the scheduler (request ids ``ev``;
         through a feeder process under evaluation step ids)."""
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
         res = run_guarded([self.actor, *scorer.engines], schedule.run_step(
-            self.actor, samples, sampling, step, score_all=scorer.score_all, tag_prefix="ev", turns=self.turns))
+            self.actor, samples, self.greedy, step, score_all=scorer.score_all, tag_prefix="ev", turns=self.turns))
         return res.seconds
 
     def observe_reward(self, mean_reward: float) -> None:

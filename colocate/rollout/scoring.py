@@ -9,7 +9,7 @@ from wherever the step got it: streamed chunk by chunk through the feeder (then 
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
 (:func:`engine.streamed.score_whole`). Leaves out: how the step schedules scoring
-(``colocate.rollout.rollout_phase``, ``colocate.rollout.schedule``) and the reward functions' error policy
+(``colocate.rollout.schedule``) and the reward functions' error policy
 (``colocate.rollout.reward_fns``).
 """
 

@@ -220,7 +220,7 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
                          turn_tokens=r.turn_tokens, timeout_s=r.env_timeout_s, on_error=cfg.reward.on_error,
                          errors=env_errors)
     return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
-                    decode=decode, batch_size=batch_size, timeline=timeline, env=turns)
+                    decode=decode, batch_size=batch_size, timeline=timeline, env=turns, stop_ids=stop_ids(tokenizer))
 
 
 def environment(cfg: Config, env: Environment | None) -> Environment | None:

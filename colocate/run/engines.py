@@ -72,11 +72,6 @@ class RankEngines:
         others = f" (and on each of the other {engine_ranks - 1} engine ranks)" if engine_ranks > 1 else ""
         return "engines up: " + ", ".join(parts) + others
 
-    def requests(self) -> dict[str, int]:
-        """Requests sent so far to the actor and (inline) reward engine."""
-        engines = {"actor": self.actor, "reward": self.reward}
-        return {role: eng.requests for role, eng in engines.items() if eng is not None}
-
     def close(self) -> None:
         """Shut the engines down, or give them back to the pool."""
         for eng in (self.reward, self.actor):

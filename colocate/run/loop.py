@@ -24,7 +24,7 @@ from colocate.config import to_dict
 from colocate.errors import USER_ERRORS, config_terms
 from colocate.run.guards import check_weight_versions
 from colocate.run.phases import StepPhases
-from colocate.rollout.rollout_phase import StepRollout, sampling_params
+from colocate.rollout.rollouts import StepRollout
 from colocate.run.session import Session
 from colocate.trainer.advantages import token_kl
 from colocate.trainer.batch import batch_of
@@ -39,15 +39,8 @@ def rollout(s: Session, phases: StepPhases) -> StepRollout | None:
     (``colocate.rollout.rollouts``; ``None`` on a rank without engines)."""
     if s.rollouts is None:
         return None
-    served = s.engine_requests()
     with phases("rollout", timed=False):
-        part = s.rollouts.rollout(s.data, s.state.step, s.state.weight_version, _sampling(s))
-    return part.with_stats(s.requests_since(served))
-
-
-def _sampling(s: Session) -> dict[str, Any]:
-    r = s.cfg.rollout
-    return sampling_params(r.temperature, r.top_p, s.stop_ids, r.ignore_eos)
+        return s.rollouts.rollout(s.data, s.state.step, s.state.weight_version)
 
 
 def step(s: Session, trained: list | None = None) -> dict[str, Any]:

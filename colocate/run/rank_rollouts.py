@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from colocate.rollout.sample import group_member, sample_index
 from colocate.rollout.data_source import union_id
-from colocate.rollout.rollout_phase import StepRollout, rollout_stats
+from colocate.rollout.rollouts import StepRollout, rollout_stats
 from colocate.rollout.scheduler import staleness_stats
 from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
 

@@ -37,12 +37,11 @@ from colocate.monitor.timeline import Timeline, mark
 from colocate.errors import ConfigError, cause_line
 from colocate.run.engines import RankEngines
 from colocate.rollout import data_source
-from colocate.rollout.data_source import DataSource
+from colocate.rollout.data_source import DataSource, TokenizedPrompt
 from colocate.rollout.rollouts import Rollouts
 from colocate.run.resume import check_checkpoint
 from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
-from colocate.rollout.rollout_phase import Prompt
 from colocate.assets.prompt_chars import JOINED, CharLimit, char_limit
 from colocate.assets.tasks import chat_prompt_ids
 from colocate.trainer.distributed import DistInfo, all_gather_object
@@ -90,7 +89,7 @@ class RunContext:
     folder: RunFolder | None = None  # the run folder held for the run (rank 0 of api.train), let go at close
 
 
-def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[Prompt]:
+def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[TokenizedPrompt]:
     """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
     messages); prompts longer than ``max_tokens``, or messages the chat template refuses, are
     refused in one line naming the row, one with more characters than that many tokens can
@@ -112,7 +111,7 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list
             raise ConfigError(
                 f"data: {name} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
                 "raise data.max_prompt_tokens or shorten the prompt")
-        out.append(Prompt(tuple(ids), dict(prompt.meta)))
+        out.append(TokenizedPrompt(tuple(ids), dict(prompt.meta)))
     return out
 
 
@@ -290,14 +289,6 @@ class Session:
             with contextlib.suppress(Exception):  # a push that failed midway still takes the rest of the
                 _drain(full)  # gather's collectives, so the ranks can agree on the failure after it
             raise
-
-    def engine_requests(self) -> dict[str, int]:
-        """Requests sent so far to this rank's actor and (inline) reward engine."""
-        return self.engines.requests()
-
-    def requests_since(self, before: dict[str, int]) -> dict[str, int]:
-        """``engine/<role>_requests``: requests sent to each engine since ``before``."""
-        return {f"engine/{role}_requests": n - before[role] for role, n in self.engine_requests().items()}
 
     def save_checkpoint(self) -> Path | None:
         return self._save(self._plain_parts())

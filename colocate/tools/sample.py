@@ -20,7 +20,7 @@ from colocate.config import load_config
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample
 from colocate.engine.runtime import SglangEngine
-from colocate.rollout.rollout_phase import sampling_params
+from colocate.rollout.generation import sampling_params
 from colocate.tools.export import export_actor, log_level_of
 
 

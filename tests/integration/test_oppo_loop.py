@@ -6,7 +6,7 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
-from colocate.rollout.rollout_phase import response_budget
+from colocate.rollout.data_source import response_budget
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine, run_guarded
 from colocate.engine.streamed import ScoreClient
 from colocate.assets.models import build_tiny_reward_model
-from colocate.rollout.rollout_phase import Prompt
+from colocate.rollout.data_source import TokenizedPrompt
 from colocate.rollout.scoring import Scorer
 from colocate.assets.tasks import chat_prompt_ids
 
@@ -182,7 +182,7 @@ def test_reward_error_fails_the_run_and_keeps_the_last_step(models, short_prompt
     children = [p for e in (session.actor, session.reward_engine) if e is not None for p in e.child_pids]
     if session.rollouts is not None and session.rollouts.feeder_pid():
         children.append(session.rollouts.feeder_pid())
-    long_prompt = Prompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})  # 79 tokens: too long
+    long_prompt = TokenizedPrompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})  # 79 tokens: too long
     swapped = []
 
     def longer_prompts_after_step_1(rec):
@@ -226,7 +226,7 @@ def test_failing_held_out_evaluation_fails_like_a_step(models, short_prompts, ru
     cfg = load_config(overrides=_overrides(run_overrides, models, out, short_prompts, "overlap.mode=sequential",
                                            "run.eval_every=1", "data.eval_prompts=2"))
     session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
-    long_prompt = Prompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})
+    long_prompt = TokenizedPrompt(tuple(chat_prompt_ids(session.run.tokenizer, "z" * 60)), {})
 
     def longer_held_out_prompts(rec):
         session.data.eval_prompts = [long_prompt] * 2

@@ -15,8 +15,7 @@ import torch
 
 from colocate.config import load_config
 from colocate.rollout.sample import Sample, Status
-from colocate.rollout.data_source import DataSource
-from colocate.rollout.rollout_phase import Prompt
+from colocate.rollout.data_source import DataSource, TokenizedPrompt
 from colocate.run import checkpoint
 from colocate.run.checkpoint import CheckpointError
 from colocate.run.checkpoint_layout import LAYOUT, check
@@ -75,7 +74,8 @@ def _restored(run_dir: Path, rank: int, world: int):
     loaded, logs = [], []
     trainer = SimpleNamespace(saved_shapes=lambda: {}, load_state_dict=lambda state: None)
     rollouts = SimpleNamespace(load_state_dict=loaded.append)
-    data = DataSource([Prompt((i,), {"id": i}) for i in range(200)], cfg.rollout, seed=0, rank=rank, ranks=world)
+    data = DataSource([TokenizedPrompt((i,), {"id": i}) for i in range(200)], cfg.rollout, seed=0, rank=rank,
+                      ranks=world)
     engines = RankEngines(placement=Placement(rank, world, rank, world))
     session = Session(cfg, SimpleNamespace(rank=rank, world_size=world), trainer, engines, data, rollouts,
                       RunState(kl_ctl=make_kl_controller("fixed", 0.1, 1.0, 1.0)),

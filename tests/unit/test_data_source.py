@@ -12,9 +12,9 @@ from colocate.rollout.sample import Sample, Status
 from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource
-from colocate.rollout.rollout_phase import Prompt, response_budget
+from colocate.rollout.data_source import TokenizedPrompt, response_budget
 
-PROMPTS = [Prompt((i, i + 1), {"id": i}) for i in range(5)]
+PROMPTS = [TokenizedPrompt((i, i + 1), {"id": i}) for i in range(5)]
 LONG_TAIL = RolloutConfig(group_size=2, max_new_tokens=64, length_dist="lognormal", length_median=8)
 
 

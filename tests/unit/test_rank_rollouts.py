@@ -15,7 +15,7 @@ from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
 from colocate.rollout.sample import Sample, Status
 from colocate.rollout.scheduler import staleness_stats
-from colocate.rollout.rollout_phase import StepRollout, rollout_stats
+from colocate.rollout.rollouts import StepRollout, rollout_stats
 
 
 def _sample(index: int, n: int = 1, versions=(0, 0), cached: int = 0) -> Sample:

@@ -25,9 +25,9 @@ from colocate.rollout.scheduler import (
     staleness_stats,
 )
 from colocate.rollout.data_source import DataSource
-from colocate.rollout.rollout_phase import Prompt
+from colocate.rollout.data_source import TokenizedPrompt
 
-PROMPTS = [Prompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
+PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
 
 
 def deferring(**fields):

@@ -18,9 +18,9 @@ from colocate.errors import ConfigError
 from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout.data_source import DataSource
-from colocate.rollout.rollout_phase import Prompt
+from colocate.rollout.data_source import TokenizedPrompt
 
-PROMPTS = [Prompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
+PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
 
 
 def deferring(**fields):

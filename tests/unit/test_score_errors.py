@@ -21,7 +21,7 @@ from colocate.engine.wire import Heartbeat, Message, ScoreError, ScoreResult
 from colocate.engine.channel import AsyncSender
 from colocate.errors import ConfigError, in_config_terms
 from colocate.run.preflight import check_contexts, model_context_length
-from colocate.rollout.rollout_phase import Prompt
+from colocate.rollout.data_source import TokenizedPrompt
 
 
 def test_score_error_and_heartbeat_counts_cross_the_wire():
@@ -149,7 +149,7 @@ def _model(tmp_path, name, **config):
 
 
 def _prompts(*lengths):
-    return [Prompt(tuple(range(n)), {}) for n in lengths]
+    return [TokenizedPrompt(tuple(range(n)), {}) for n in lengths]
 
 
 def test_context_length_is_read_as_sglang_derives_it(tmp_path):
