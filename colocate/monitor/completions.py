@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from colocate.errors import ConfigError
+from colocate.monitor.records import append_jsonl
 from colocate.monitor.visible import LAYOUT, visible
 
 TRAIN_FILE, EVAL_FILE = "samples.jsonl", "eval_samples.jsonl"
@@ -63,10 +64,7 @@ def rows(step: int, samples: Sequence[Any], decode: Callable[[list[int]], str], 
 
 
 def append(path: Path, new: Iterable[dict[str, Any]]) -> None:
-    new = list(new)
-    if new:
-        with Path(path).open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in new)
+    append_jsonl(path, new)
 
 
 def read(run_dir: str | Path, step: int | None = None, evaluation: bool = False) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import psutil
 
 from colocate.monitor import completions
+from colocate.monitor.records import append_jsonl
 
 
 class MetricsLog:
@@ -38,16 +39,14 @@ class MetricsLog:
         """One step's record: a line in ``metrics.jsonl``, its scalars to TensorBoard/W&B."""
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(self.path, [record])
         self._mirror(record)
 
     def write_eval(self, record: dict[str, Any]) -> None:
         """One held-out evaluation: a line in ``eval.jsonl``, ``eval/*`` scalars elsewhere."""
         if not self.enabled:
             return
-        with (self.path.parent / "eval.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(self.path.parent / "eval.jsonl", [record])
         self._mirror({f"eval/{k}": v for k, v in record.items() if k != "step"} | {"step": record["step"]})
 
     def write_samples(self, step: int, rows: Sequence[dict[str, Any]], evaluation: bool = False) -> None:
@@ -66,8 +65,7 @@ class MetricsLog:
         """A step's rollout timeline (``run.timeline``): one line per event in ``timeline.jsonl``."""
         if not self.enabled or not events:
             return
-        with (self.path.parent / "timeline.jsonl").open("a") as f:
-            f.writelines(json.dumps(e) + "\n" for e in events)
+        append_jsonl(self.path.parent / "timeline.jsonl", events)
 
     def _mirror(self, record: dict[str, Any]) -> None:
         if self._tb is not None:

@@ -80,3 +80,54 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_the_last_one_surv
     assert sorted(p.name for p in root.iterdir()) == ["step_00000001"]
     step, _ = checkpoint.load(checkpoint.latest(root.parent))
     assert step == 1
+
+
+def _records_line(path: Path, why: str) -> str:
+    return (f"records not written to '{path}': {why} (the file is as it was before); the checkpoints are intact: "
+            f"free space there, then continue with --resume {path.parent}")
+
+
+def test_a_full_disk_on_a_metrics_line_is_one_line_and_no_torn_record(tmp_path):
+    """A step's line in metrics.jsonl on a full disk: one line (a colocate error: the CLI's
+    exit 2), and the file holds exactly the earlier steps' lines, none cut in half."""
+    from colocate.monitor.metrics import MetricsLog
+    from colocate.monitor.records import RecordsNotWrittenError
+
+    with _tmpfs(tmp_path / "disk", size="64k") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (not root): the file-size-limit test covers it")
+        run = tmp_path / "disk" / "run"
+        log = MetricsLog(run, enabled=True)
+        log._tb = None  # only the JSONL file is under test (TensorBoard's event file would share the disk)
+        log.write({"step": 1, "reward_mean": 0.5})
+        before = (run / "metrics.jsonl").read_bytes()
+        with pytest.raises(RecordsNotWrittenError) as full:
+            log.write({"step": 2, "pad": "x" * (1 << 17)})  # 128 KiB: more than the disk holds
+        assert isinstance(full.value, USER_ERRORS)
+        assert str(full.value) == _records_line(run / "metrics.jsonl", "no space left on device")
+        assert (run / "metrics.jsonl").read_bytes() == before
+
+
+RECORDS_LIMITED = """
+import resource, signal, sys
+from pathlib import Path
+from colocate.monitor.records import RecordsNotWrittenError, append_jsonl
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+path = Path(sys.argv[1])
+append_jsonl(path, [{"step": 1}])
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    append_jsonl(path, [{"step": 2, "pad": "x" * 8192}])
+except RecordsNotWrittenError as exc:
+    print(exc)
+"""
+
+
+def test_a_file_size_limit_on_a_records_line_is_one_line_and_no_torn_record(tmp_path):
+    path = tmp_path / "run" / "samples.jsonl"
+    path.parent.mkdir()
+    done = subprocess.run([sys.executable, "-c", RECORDS_LIMITED, str(path)], cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == _records_line(path, "file too large")
+    assert path.read_text() == '{"step": 1}\n'
