@@ -41,7 +41,7 @@ from colocate.rollout.data_source import DataSource
 from colocate.config import Config, OverlapConfig
 from colocate.engine import streamed
 from colocate.rollout import schedule
-from colocate.rollout.live import LiveRequests, check_pause_mode
+from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.monitor.timeline import Timeline, mark

@@ -68,7 +68,7 @@ def group_member(index: int, n: int) -> tuple[int | None, int]:
 class Status(str, enum.Enum):
     """Where a sample is in its life (``Sample.status``): made and not yet sent (waiting), its
     request in the engine or its environment answering (running), its request kept paused
-    in the engine across a step boundary (parked, ``colocate.rollout.live``), ended by a stop token,
+    in the engine across a step boundary (parked, ``colocate.rollout.schedule``), ended by a stop token,
     its budget or its environment (finished: to score and train, now or in a later batch),
     or cut at a step's end with its partial kept for a later step (deferred). Checkpoints
     store the value (a plain string)."""

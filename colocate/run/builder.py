@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 from colocate.assets import tasks
 from colocate.run import leftovers, run_folder, timesharing, tp_exchange
 from colocate.config import Config
-from colocate.rollout.live import check_pause_mode
+from colocate.rollout.schedule import check_pause_mode
 from colocate.engine.pool import EnginePool
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.start_checks import check_remote_code, check_startable

@@ -239,7 +239,7 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     answer is appended, then it sends nothing while parked; the next step adopts it and it
     ends exactly as an uninterrupted B (same weights)."""
     from colocate.rollout import schedule
-    from colocate.rollout.live import LiveRequests
+    from colocate.rollout.schedule import LiveRequests
 
     turns = turns_of(tokenizer, _SlowForLong()).multi_turn()
     full = _uninterrupted(actor_engine, tokenizer, turns)

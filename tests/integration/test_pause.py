@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from colocate.rollout import generation, schedule
-from colocate.rollout.live import LiveRequests
+from colocate.rollout.schedule import LiveRequests
 from colocate.rollout.sample import Sample, Status
 from tests.integration.test_engine_weights import buckets
 

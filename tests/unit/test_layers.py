@@ -171,7 +171,7 @@ def test_room_check_catches_an_upward_import(tmp_path):
 # the rollout room's bookkeeping: which samples exist, run and wait, in plain Python (tested without an engine)
 PLAIN_ROLLOUT = ("colocate/rollout/data_source.py", "colocate/rollout/scheduler.py", "colocate/rollout/auto_mode.py")
 ENGINE_IO = ("sglang", "sgl_kernel", "colocate.engine.runtime", "colocate.engine.sglang_api", "colocate.rollout.schedule",
-             "colocate.rollout.live", "torch", "zmq")
+             "torch", "zmq")
 
 
 def engine_io_imports(root: Path = ROOT) -> list[str]:

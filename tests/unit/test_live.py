@@ -1,4 +1,4 @@
-"""colocate/rollout/live.py without an engine: which pause modes run where, the frozen copy the
+"""Parking (colocate/rollout/schedule.py) without an engine: which pause modes run where, the frozen copy the
 scheduler sees, the relay of a parked stream's tokens."""
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.rollout.live import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
+from colocate.rollout.schedule import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
 from colocate.rollout.sample import Sample, Status
 
 
