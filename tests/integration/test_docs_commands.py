@@ -175,7 +175,8 @@ def _train(args: list[str], out: str | None, command: str) -> None:
     fresh = [] if "--resume" in args else ["--set", "run.overwrite_out_dir=true"]
     result = CliRunner().invoke(main, [*args, *fresh, "--check"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("check ok:"), result.output
+    # the check's line (after, on a machine where the default models are not prepared yet, the one-time conversion's)
+    assert any(line.startswith("check ok:") for line in result.stdout.splitlines()), result.output
 
 
 def _bench(args: list[str], monkeypatch, docs_dir: Path) -> None:
