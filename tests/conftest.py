@@ -146,7 +146,7 @@ def tiny_pair(tmp_path_factory):
 def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
     engine settings an earlier run used takes its engines instead of starting its own."""
-    with _SuitePool(max_idle=6) as pool:  # ~1.25 GiB each (a tiny model's scheduler + detokenizer, measured)
+    with _SuitePool(max_idle=4) as pool:
         request.config.stash[POOL] = pool
         yield pool
 
