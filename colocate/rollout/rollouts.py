@@ -107,7 +107,7 @@ class Rollouts:
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
-                 timeline: Timeline | None = None, env: EnvTurns | None = None, stop_ids: Sequence[int] = ()):
+                 timeline: Timeline | None = None, env: EnvTurns | None = None, stop_ids: Sequence[int]):
         self.cfg, self.actor, self.reward_engine = cfg, actor, reward_engine
         r = cfg.rollout  # the step's sampling, and the held-out evaluation's (greedy)
         self.sampling = sampling_params(r.temperature, r.top_p, stop_ids, r.ignore_eos)

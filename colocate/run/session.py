@@ -171,11 +171,6 @@ class Session:
         """Call ``callback(phase)`` at every phase change (e.g. a progress bar)."""
         self.state.watchers.append(callback)
 
-    @property
-    def stop_ids(self) -> list[int]:
-        """Token ids that end a response: the tokenizer's EOS and pad."""
-        return stop_ids(self.run.tokenizer)
-
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, special tokens left out (`decode_text`)."""
         return decode_text(self.run.tokenizer, ids)

@@ -37,7 +37,7 @@ if __name__ == "__main__":
     cfg = load_config(overrides=sys.argv[1:])
     actor_cfg, reward_cfg = engine_configs(cfg, cfg.models.actor, cfg.models.reward)
     actor = SglangEngine(actor_cfg)
-    rollouts = Rollouts(cfg, actor, None, reward_cfg, log=print)
+    rollouts = Rollouts(cfg, actor, None, reward_cfg, log=print, stop_ids=[])
     print("ready", rollouts.feeder_pid(), flush=True)
     time.sleep(600)
 """

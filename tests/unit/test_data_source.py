@@ -11,8 +11,7 @@ from colocate.config import OverlapConfig, RolloutConfig
 from colocate.rollout.sample import Sample, Status
 from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout import data_source
-from colocate.rollout.data_source import DataSource
-from colocate.rollout.data_source import TokenizedPrompt, response_budget
+from colocate.rollout.data_source import DataSource, TokenizedPrompt, response_budget
 
 PROMPTS = [TokenizedPrompt((i, i + 1), {"id": i}) for i in range(5)]
 LONG_TAIL = RolloutConfig(group_size=2, max_new_tokens=64, length_dist="lognormal", length_median=8)

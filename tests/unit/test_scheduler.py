@@ -24,8 +24,7 @@ from colocate.rollout.scheduler import (
     reward_slope,
     staleness_stats,
 )
-from colocate.rollout.data_source import DataSource
-from colocate.rollout.data_source import TokenizedPrompt
+from colocate.rollout.data_source import DataSource, TokenizedPrompt
 
 PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
 

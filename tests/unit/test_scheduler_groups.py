@@ -17,8 +17,7 @@ from colocate.engine.errors import EngineError
 from colocate.errors import ConfigError
 from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import LengthAwareScheduler
-from colocate.rollout.data_source import DataSource
-from colocate.rollout.data_source import TokenizedPrompt
+from colocate.rollout.data_source import DataSource, TokenizedPrompt
 
 PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
 
