@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Iterable, Sequence
 import psutil
 
 from .child_output import ChildOutput, last_line
-from .engine_config import EngineConfig, _server_kwargs, child_quit
+from .engine_config import EngineConfig, _server_kwargs, child_quit, releasable_graphs
 from .errors import EngineError, EngineStartError
 from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
@@ -71,6 +71,7 @@ class SglangEngine:
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
                     sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
+                    sglang_api.child_graph_memory(releasable_graphs(cfg, platform.device)), \
                     sglang_api.child_rendezvous(self._store_dir / "store", platform.device, _shm_port(cfg)):
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))  # a failed child raises here
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:

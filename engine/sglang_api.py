@@ -174,6 +174,19 @@ def child_threads(n: int):
     return _child_env("OMP_NUM_THREADS", str(n) if n > 0 else None)
 
 
+# SGLang 0.5.23 captures CUDA graphs into the memory saver's "cuda_graph" tag (released and
+# resumed with the engine's memory, their pool backed up on the host) only where this is set
+GRAPH_MEMORY_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
+
+
+def child_graph_memory(released: bool):
+    """The CUDA graphs of the processes an engine spawns inside this block: captured into
+    memory a release gives back when ``released`` (``engine_config.releasable_graphs``).
+    SGLang has no server argument for it; a value the user set is theirs and stays
+    (``SGLANG_MEMORY_SAVER_CUDA_GRAPH=0`` keeps graphs out of the release)."""
+    return _child_env(GRAPH_MEMORY_ENV, "1" if released and GRAPH_MEMORY_ENV not in os.environ else None)
+
+
 def shows_progress(log_level: str) -> bool:
     """Whether an engine's ``log_level`` (SGLang's: debug, info, warning, error, critical)
     asks for the progress bars of loading: debug and info do; quieter levels do not."""

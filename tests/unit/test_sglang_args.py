@@ -14,7 +14,7 @@ from colocate.config import from_dict, load_config, to_dict
 from colocate.engine import sglang_api
 from colocate.engine.errors import EngineConfigError
 from colocate.engine.engine_config import (EngineConfig, _server_kwargs, compiled_cuda_kernels,
-                                            default_attention_backend)
+                                            default_attention_backend, releasable_graphs)
 from colocate.config_checks import OWN_SERVER_ARGS
 from colocate.engine.start_checks import ENGINE_SET_ARGS, check_server_args
 from colocate.errors import CONFIG_ERRORS, ConfigError, in_config_terms
@@ -85,6 +85,31 @@ def test_both_engines_get_the_arguments_last_and_colocate_decides_the_rest():
     cpu = builder.engine_configs(load_config(overrides=["engines.device=cpu"]), "/m/actor", "/m/rm")[0]
     assert _server_kwargs(cpu, "cpu")["attention_backend"] == "torch_native"
     assert _server_kwargs(cpu, "cpu")["disable_cuda_graph"] is True
+
+
+def test_co_located_cuda_graphs_are_captured_where_a_release_gives_them_back(monkeypatch):
+    """Issue 53 item 1: with the memory saver and CUDA graphs on (the CUDA defaults), the
+    engine's schedulers start with SGLANG_MEMORY_SAVER_CUDA_GRAPH set (SGLang 0.5.23 tags its
+    decode graphs' pool only then) and without prefill graphs (its breakable backend has no
+    tagged capture); graphs off, the saver off or a CPU engine change nothing."""
+    cuda = EngineConfig("/m")
+    assert releasable_graphs(cuda, "cuda") is True
+    assert _server_kwargs(cuda, "cuda", compiled_kernels=False)["disable_prefill_cuda_graph"] is True
+    for cfg, device in [(EngineConfig("/m", cuda_graph=False), "cuda"),
+                        (EngineConfig("/m", enable_memory_saver=False), "cuda"), (cuda, "cpu")]:
+        assert releasable_graphs(cfg, device) is False
+        assert "disable_prefill_cuda_graph" not in _server_kwargs(cfg, device, compiled_kernels=False)
+    name = sglang_api.GRAPH_MEMORY_ENV
+    monkeypatch.delenv(name, raising=False)
+    with sglang_api.child_graph_memory(True):
+        assert sglang_api.os.environ[name] == "1"  # what a scheduler spawned here reads
+    assert name not in sglang_api.os.environ
+    with sglang_api.child_graph_memory(False):
+        assert name not in sglang_api.os.environ
+    monkeypatch.setenv(name, "0")  # the user's own choice stays
+    with sglang_api.child_graph_memory(True):
+        assert sglang_api.os.environ[name] == "0"
+    assert sglang_api.os.environ[name] == "0"
 
 
 def test_unset_attention_backend_is_sglangs_pick_with_its_kernels_triton_without_torch_native_on_cpu():
