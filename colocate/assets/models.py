@@ -299,13 +299,15 @@ def build_shaped_causal_lm(path: str | os.PathLike[str], shape: str, *, seed: in
 def build_shaped_reward_model(path: str | os.PathLike[str], shape: str, *, seed: int = 0,
                               score_std: float = 0.5) -> Path:
     """Random float32 one-label sequence classifier of the named `MODEL_SHAPES` entry (with the
-    tiny tokenizer), in `path`: a reward model of the actor's size, as in OPPO's runs."""
+    tiny tokenizer), in `path`: a reward model of the actor's size, as in OPPO's runs. Always a
+    `LlamaForSequenceClassification` (the one family the reward engine scores chunk by chunk)
+    of the shape's sizes: a Qwen2 shape differs only by its q/k/v biases."""
     from transformers import AutoModelForSequenceClassification  # transformers on demand: the cache helpers stay light
 
     if shape not in MODEL_SHAPES:
         raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
-    arch, hidden, intermediate, layers, heads, kv_heads, vocab = MODEL_SHAPES[shape]
-    config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, 4096, num_labels=1)
+    _, hidden, intermediate, layers, heads, kv_heads, vocab = MODEL_SHAPES[shape]
+    config = _tiny_config("llama", hidden, layers, heads, kv_heads, vocab, 4096, num_labels=1)
     config.intermediate_size = intermediate
 
     def make() -> torch.nn.Module:
