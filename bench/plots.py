@@ -1,7 +1,9 @@
 """Bench plots: a per-step phase timeline (Gantt) per mode, reward vs wall-clock, and the
 held-out reward curves of the time-to-reward study.
 
-Owns: two PNGs per workload and `convergence.png`, drawn with matplotlib's Agg backend. Leaves out: numbers.
+Owns: two PNGs per workload and `convergence.png`, drawn on matplotlib ``Figure`` objects
+(its Agg canvas, no pyplot: no process-wide backend or IPython hook; pyplot's import failed
+on the GPU kit, whose IPython is an import-only stand-in). Leaves out: numbers.
 """
 
 from __future__ import annotations
@@ -14,19 +16,28 @@ PHASES = ("generate", "reward_tail", "abort_wait", "sleep_wake", "ref", "old_log
           "advantages", "critic", "actor", "sync")
 
 
+def figure(figsize: tuple[float, float], rows: int | None = None):
+    """A new figure, off pyplot, and its axes: one, or a column of ``rows`` (an array)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, (fig.subplots() if rows is None else fig.subplots(rows, 1, squeeze=False)[:, 0])
+
+
+def palette(name: str) -> tuple:
+    from matplotlib import colormaps
+
+    return colormaps[name].colors
+
+
 def _median_step(rows: list[dict[str, Any]]) -> dict[str, Any]:
     target = statistics.median(r["step_s"] for r in rows)
     return min(rows, key=lambda r: abs(r["step_s"] - target))
 
 
 def gantt(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.7 * len(modes)))
-    colors = plt.get_cmap("tab20").colors
+    fig, ax = figure((11, 1.0 + 0.7 * len(modes)))
+    colors = palette("tab20")
     shown = set()
     for y, mode in enumerate(modes):
         rows = [r for r in records if r["mode"] == mode and "skipped" not in r]
@@ -49,18 +60,12 @@ def gantt(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title
     ax.legend(ncol=6, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
 def reward_curve(records: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = plt.get_cmap("tab10").colors
+    fig, ax = figure((8, 4.5))
+    colors = palette("tab10")
     for i, mode in enumerate(modes):
         for rep in sorted({r["repeat"] for r in records if r["mode"] == mode}):
             rows = [r for r in records if r["mode"] == mode and r["repeat"] == rep and "skipped" not in r]
@@ -72,13 +77,8 @@ def reward_curve(records: list[dict[str, Any]], modes: Sequence[str], path: Path
 
 def convergence(curves: dict[str, list[dict[str, float]]], target: float, path: Path, title: str) -> Path:
     """Held-out reward against training seconds, one line per mode, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = plt.get_cmap("tab10").colors
+    fig, ax = figure((8, 4.5))
+    colors = palette("tab10")
     for i, (mode, points) in enumerate(curves.items()):
         ax.plot([p["seconds"] for p in points], [p["reward"] for p in points], marker="o", ms=3,
                 color=colors[i % 10], label=mode)
@@ -89,14 +89,11 @@ def convergence(curves: dict[str, list[dict[str, float]]], target: float, path: 
 
 
 def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
-    """Label, lay out, write ``path`` and close ``fig``."""
-    import matplotlib.pyplot as plt
-
+    """Label, lay out and write ``path``."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

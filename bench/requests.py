@@ -87,23 +87,19 @@ def markdown(table: dict[str, dict[str, float]]) -> list[str]:
 
 def plot(events: Sequence[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> Path | None:
     """Per mode, its first measured step with a rollout: request bars and the running batch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from colocate.bench.plots import figure
 
     steps = _steps(events)
     chosen = {m: min((k for k in steps if k[0] == m and breakdown(steps[k])), default=None) for m in modes}
     shown = [m for m in modes if chosen[m] is not None]
     if not shown:
         return None
-    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 2.6 * len(shown)), squeeze=False)
-    for ax, mode in zip(axes[:, 0], shown):
+    fig, axes = figure((11, 2.6 * len(shown)), rows=len(shown))
+    for ax, mode in zip(axes, shown):
         _draw(ax, steps[chosen[mode]], f"{mode} (repeat {chosen[mode][1]}, step {chosen[mode][2]})")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

@@ -287,11 +287,13 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
         # the report flags a run whose peer computed in another precision than colocate's trainer
         peer_info["colocate_dtype"], peer_info["trl_dtype"] = dtype, peer.get("dtype", "float32")
     kept, _ = report.uncontended(data["records"], opts.modes)
-    plots.gantt(kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
-    plots.reward_curve(data["records"], opts.modes, out / f"{workload}_reward.png", f"{workload}: reward vs wall-clock")
+    _draw(log, plots.gantt, kept, opts.modes, out / f"{workload}_timeline.png", f"{workload}: median step per mode")
+    _draw(log, plots.reward_curve, data["records"], opts.modes, out / f"{workload}_reward.png",
+          f"{workload}: reward vs wall-clock")
     events = _read_jsonl(out / f"{workload}_requests.jsonl")
     where = requests.summary(events, opts.modes)
-    requests.plot(events, opts.modes, out / f"{workload}_requests.png", f"{workload}: requests of one step per mode")
+    _draw(log, requests.plot, events, opts.modes, out / f"{workload}_requests.png",
+          f"{workload}: requests of one step per mode")
     results["workloads"][workload] = {**data, "models": {"actor": actor, "reward": rm}, "summary": summary,
                                       "peer": peer_info, "requests": where}
     return [report.markdown(workload, summary, peer_info, data["probe"], guard.limit_cores if guard else None), "",
@@ -321,6 +323,15 @@ def _left_out_lines(left_out: list[dict[str, Any]], key: tuple | None, peer: dic
     return lines
 
 
+def _draw(log, plot: Callable[..., Any], *args) -> None:
+    """One plot of the report; one that fails is named in one line and the report (the
+    measured numbers) is still written: on the GPU kit a plot once took the whole report down."""
+    try:
+        plot(*args)
+    except Exception as exc:  # matplotlib's own failures are of any type
+        log(f"plot {Path(args[-2]).name} not drawn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -340,6 +351,7 @@ def _convergence(opts: BenchOptions, actor: str, rm: str, out: Path, guard: Guar
     contended = {m: sum(x["contended"] for x in r["loads"]) for m, r in runs.items()}
     summary = convergence.summarize(curves, contended, base=conv.modes[0],
                                     metrics={m: r["metrics"] for m, r in runs.items()})
-    plots.convergence(curves, summary["target"], out / "convergence.png", "held-out reward vs training seconds")
+    _draw(log, plots.convergence, curves, summary["target"], out / "convergence.png",
+          "held-out reward vs training seconds")
     results["convergence"] = {"runs": runs, "curves": curves, "summary": summary}
     return [convergence.markdown(summary, "convergence.png"), ""]

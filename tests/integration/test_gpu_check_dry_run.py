@@ -135,3 +135,28 @@ def test_under_a_deadline_the_first_two_modes_run_and_later_ones_keep_the_peers_
                                deadline=time.monotonic() + 3600, reserve_s=1e6)
     assert [r["mode"] for r in data["records"]] == ["sequential", "sequential", "oppo", "oppo"]
     assert data["left_out"] == [{"mode": "intra", "repeat": 0}, {"mode": "inter", "repeat": 0}]
+
+
+def test_the_kits_ipython_stand_in_lets_the_bench_draw_its_plots(tmp_path):
+    """Found on an H100: SGLang imports the kit's import-only IPython, and matplotlib, finding
+    it imported, read ``IPython.version_info`` as a figure was made and called
+    ``get_ipython()`` in pyplot: the GPU bench died drawing its first plot, before its report
+    was written. With the stand-in first on the path the bench's three plots are drawn."""
+    (tmp_path / "IPython").symlink_to(ROOT / "scripts/gpu_kit/overlay/IPython")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+            "import IPython; assert IPython.__file__.startswith(sys.argv[1]), IPython.__file__; "
+            "from colocate.bench import plots, requests; out = Path(sys.argv[1]); "
+            "rec = [{'mode': 'sequential', 'repeat': 0, 'step_s': 2.0, 'wall_s': 2.0, 'reward_mean': 0.5, "
+            "'time/generate': 1.5, 'time/actor': 0.5}]; "
+            "plots.gantt(rec, ['sequential'], out / 'g.png', 't'); "
+            "plots.reward_curve(rec, ['sequential'], out / 'r.png', 't'); "
+            "ev = [dict(t=0.0, event='rollout', index=-1), dict(t=0.1, event='launch', index=0, prior=0), "
+            "dict(t=0.2, event='first_token', index=0), dict(t=1.0, event='end', index=0), "
+            "dict(t=1.2, event='trained', index=0), dict(t=1.2, event='rollout_end', index=-1)]; "
+            "ev = [dict(e, step=1, mode='sequential', repeat=0) for e in ev]; "
+            "print(requests.plot(ev, ['sequential'], out / 'q.png', 't'))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("g.png", "r.png", "q.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name

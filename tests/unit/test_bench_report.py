@@ -208,3 +208,19 @@ def test_the_gpu_preset_is_the_issue_53_workload_and_a_dry_run_shrinks_it_withou
     assert peer_shape(p, "longtail-grpo") == (1024, False)  # the peer runs every response to the cap
     dry = _preset(BenchOptions(preset="gpu", shape="tiny", batch_size=8, max_new_tokens=16))
     assert (dry.models, dry.batch_size, dry.max_new_tokens, dry.workloads) == ("tiny", 8, 16, p.workloads)
+
+
+def test_a_plot_that_fails_is_named_in_one_line_and_the_report_goes_on(tmp_path):
+    """On the GPU kit a plot's failure once took the whole report down (its numbers measured,
+    none written): a failed plot is one line of the log, and the next one is still drawn."""
+    from colocate.bench import plots, suite
+
+    def broken(records, modes, path, title):
+        raise AttributeError("module 'IPython' has no attribute 'get_ipython'\nmore")
+
+    said = []
+    suite._draw(said.append, broken, [], ["sequential"], tmp_path / "w_timeline.png", "t")
+    assert said == ["plot w_timeline.png not drawn: AttributeError: module 'IPython' has no attribute 'get_ipython'"]
+    rec = [{"mode": "sequential", "repeat": 0, "step_s": 1.0, "wall_s": 1.0, "reward_mean": 0.0}]
+    suite._draw(said.append, plots.reward_curve, rec, ["sequential"], tmp_path / "r.png", "t")
+    assert len(said) == 1 and (tmp_path / "r.png").stat().st_size > 1000
