@@ -133,7 +133,7 @@ def peer_key(tokens: int, stop_at_eos: bool, source: str, group_size: int = 0) -
 
 def _peer_command(actor: str, rm: str, preset: Preset, out: Path, new_tokens: int, stop_at_eos: bool,
                   epochs: int, minibatches: int, source: str, group_size: int, beta: float | None,
-                  dtype: str = "float32") -> list[str]:
+                  dtype: str = "float32", micro_batch: int = 0) -> list[str]:
     module = "trl_grpo" if group_size else "trl_ppo"
     cmd = [sys.executable, "-m", f"colocate.bench.peers.{module}", "--actor", actor, "--reward", rm,
            "--batch", str(preset.batch_size), "--new-tokens", str(new_tokens),
@@ -141,6 +141,7 @@ def _peer_command(actor: str, rm: str, preset: Preset, out: Path, new_tokens: in
            "--minibatches", str(minibatches), "--source", source, "--out", str(out)]
     if group_size:
         cmd += ["--group-size", str(group_size), *(["--beta", str(beta)] if beta is not None else [])]
+    cmd += ["--micro-batch", str(micro_batch)] if micro_batch else []
     return cmd + (["--stop-at-eos"] if stop_at_eos else []) + (["--bf16"] if dtype == "bfloat16" else [])
 
 
@@ -153,21 +154,23 @@ def peer_dtype(trainer_dtype: str) -> str:
 
 def run_peer(actor: str, rm: str, preset: Preset, out: Path, log, *, new_tokens: int | None = None,
              stop_at_eos: bool = False, epochs: int = 1, minibatches: int = 2, source: str = SENTIMENT,
-             group_size: int = 0, beta: float | None = None, dtype: str = "float32",
+             group_size: int = 0, beta: float | None = None, dtype: str = "float32", micro_batch: int = 0,
              guard: GuardOptions | None = None, timeout_s: float | None = None) -> dict[str, Any] | None:
     """TRL's PPO (``group_size`` 0) or GRPO (groups of ``group_size``, KL coefficient
     ``beta``, None: colocate's default ``ppo.kl_coef``) on the same models, prompts, batch
     and epochs/minibatches, computing in ``dtype`` (float32 or bfloat16), in a subprocess
     (under the contention guard: the others' load is in ``contention``), stopped after
-    ``timeout_s`` (None: never); None if unavailable or out of time."""
+    ``timeout_s`` (None: never), ``micro_batch`` samples a forward pass (0: a minibatch); None
+    if unavailable or out of time."""
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"the TRL peers compute in float32 or bfloat16, not {dtype}")
     new_tokens = new_tokens or preset.max_new_tokens
     cmd = _peer_command(actor, rm, preset, out, new_tokens, stop_at_eos, epochs, minibatches, source,
-                        group_size, beta, dtype)
+                        group_size, beta, dtype, micro_batch)
     log(f"TRL peer ({f'GRPO, groups of {group_size}' if group_size else 'PPO'}): {preset.peer_updates} updates "
         f"of {preset.batch_size} × {new_tokens} tokens from {source}, "
-        f"{epochs} epochs × {minibatches} minibatches, {dtype}" + (" (stop at EOS)" if stop_at_eos else ""))
+        f"{epochs} epochs × {minibatches} minibatches" + (f" of {micro_batch}-sample passes" if micro_batch else "")
+        + f", {dtype}" + (" (stop at EOS)" if stop_at_eos else ""))
     try:
         proc, load = guarded(lambda: subprocess.run(cmd, cwd=str(Path(__file__).resolve().parents[1]),
                                                     capture_output=True, text=True, timeout=timeout_s), guard)
@@ -305,10 +308,18 @@ def _workload(preset: Preset, opts: BenchOptions, workload: str, models: tuple[s
 
 def _key_peer(key: tuple, cfg, preset: Preset, opts: BenchOptions, models: tuple[str, str], out: Path, dtype: str,
               guard: GuardOptions | None, log, timeout_s: float | None = None) -> dict[str, Any] | None:
-    """The TRL run of peer ``key`` (see ``peer_key``) matching ``cfg``'s trainer."""
+    """The TRL run of peer ``key`` (see ``peer_key``) matching ``cfg``'s trainer: its
+    precision, and forward passes no larger than its packed micro-batches."""
+    import torch
+
+    from colocate.bench.peers.trl_ppo import peer_micro_batch
+    from colocate.run.builder import trainer_settings
+
+    budget = trainer_settings(cfg, "", "", torch.device(run_device(cfg))).token_budget
+    micro = peer_micro_batch(preset.batch_size // cfg.ppo.minibatches, key[0], budget)
     return run_peer(*models, preset, out / f"trl-{peer_key(*key)}", log, new_tokens=key[0], stop_at_eos=key[1],
                     epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches, source=key[2], group_size=key[3],
-                    beta=cfg.ppo.kl_coef, dtype=opts.peer_dtype or peer_dtype(dtype), guard=guard,
+                    beta=cfg.ppo.kl_coef, dtype=opts.peer_dtype or peer_dtype(dtype), micro_batch=micro, guard=guard,
                     timeout_s=timeout_s)
 
 

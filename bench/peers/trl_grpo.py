@@ -25,10 +25,12 @@ Settings chosen for a like-for-like run (everything else is TRL's default):
 - the reward: the reward model folder as a one-label sequence classifier passed as
   ``reward_funcs``. TRL decodes prompt and completion and re-tokenizes the conversation
   with the chat template for it (colocate scores the token ids it generated);
-- batch: ``num_generations=N``, ``per_device_train_batch_size=B/minibatches`` and
-  ``steps_per_generation=minibatches`` (so ``generation_batch_size=B``), no gradient
-  accumulation: one generation round yields exactly B completions, and each minibatch is
-  one optimizer step, as in colocate; ``num_iterations=epochs`` reuses the round for
+- batch: ``num_generations=N``, ``per_device_train_batch_size`` = the micro-batch (``--micro-batch``,
+  default a whole minibatch B/minibatches; the bench passes what fits colocate's
+  ``ppo.micro_batch_tokens``), ``gradient_accumulation_steps`` = the micro-batches of a
+  minibatch and ``steps_per_generation`` = all of a round's (so ``generation_batch_size=B``):
+  one generation round yields exactly B completions, and each minibatch is one optimizer
+  step, as in colocate; ``num_iterations=epochs`` reuses the round for
   every epoch (colocate's ``ppo.epochs``); ``max_steps`` = updates × minibatches × epochs;
 - ``max_completion_length`` = the cap. With ``--stop-at-eos`` EOS ends a response (TRL
   always stops there); without it, ``min_new_tokens`` = the cap keeps TRL from sampling
@@ -150,6 +152,7 @@ class GrpoSettings:
     seed: int = 0
     stop_at_eos: bool = False
     bf16: bool = False  # TRL's bf16=True (autocast over float32 weights); False: float32
+    micro_batch: int = 0  # samples per forward/backward pass (0: a whole minibatch, no accumulation)
 
     @property
     def prompts(self) -> int:
@@ -160,6 +163,16 @@ class GrpoSettings:
     def steps_per_update(self) -> int:
         return self.minibatches * self.epochs
 
+    @property
+    def micro(self) -> int:
+        """Samples per forward/backward pass: ``micro_batch``, or a whole minibatch."""
+        return self.micro_batch or self.batch_size // self.minibatches
+
+    @property
+    def accumulation(self) -> int:
+        """Passes accumulated into one optimizer step (one minibatch's)."""
+        return self.batch_size // self.minibatches // self.micro
+
     def check(self) -> None:
         """`ValueError` unless the batch splits into whole groups and whole minibatches."""
         b, n, m = self.batch_size, self.group_size, self.minibatches
@@ -167,6 +180,8 @@ class GrpoSettings:
             raise ValueError(f"need group_size ({n}) >= 2 (TRL's GRPO has no group of one), batch_size ({b}) "
                              f"divisible by group_size and by minibatches ({m}), updates, epochs and new tokens "
                              ">= 1, warmup >= 0")
+        if self.micro_batch < 0 or (b // m) % self.micro:
+            raise ValueError(f"need micro_batch ({self.micro_batch}) >= 0 dividing a minibatch ({b // m} samples)")
 
 
 def _import_trl() -> tuple[str, Any, Any]:
@@ -187,8 +202,8 @@ def _grpo_config(config_cls: Any, out_dir: Path, s: GrpoSettings) -> Any:
         output_dir=str(out_dir / "trl"), report_to=[], bf16=s.bf16, fp16=False, gradient_checkpointing=False,
         use_cpu=not torch.cuda.is_available(),  # transformers refuses bf16 without a GPU unless told it is the CPU
         seed=s.seed, data_seed=s.seed, use_vllm=False, num_generations=s.group_size,
-        per_device_train_batch_size=s.batch_size // s.minibatches, steps_per_generation=s.minibatches,
-        gradient_accumulation_steps=1, num_iterations=s.epochs, max_steps=(s.warmup + s.updates) * s.steps_per_update,
+        per_device_train_batch_size=s.micro, steps_per_generation=s.minibatches * s.accumulation,
+        gradient_accumulation_steps=s.accumulation, num_iterations=s.epochs, max_steps=(s.warmup + s.updates) * s.steps_per_update,
         max_completion_length=s.max_new_tokens, temperature=1.0, beta=s.beta,
         generation_kwargs=None if s.stop_at_eos else {"min_new_tokens": s.max_new_tokens},
         log_completions=False, eval_strategy="no", save_strategy="no", push_to_hub=False,
@@ -253,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     s = GrpoSettings(batch_size=a.batch, group_size=a.group_size, max_new_tokens=a.new_tokens, updates=a.updates,
                      warmup=a.warmup, epochs=a.epochs, minibatches=a.minibatches, beta=a.beta, seed=a.seed,
-                     stop_at_eos=a.stop_at_eos, bf16=a.bf16)
+                     stop_at_eos=a.stop_at_eos, bf16=a.bf16, micro_batch=a.micro_batch)
     return run_cli("trl_grpo", a, lambda progress: run_trl_grpo(
         a.actor, a.reward, prompt_texts(a.source, s.prompts, a.seed), s, out_dir=a.out, threads=a.threads,
         progress=progress))

@@ -221,14 +221,25 @@ def _prompt_dataset(tokenizer: Any, prompts: list[str]) -> Any:
     return Dataset.from_dict({"input_ids": [chat_prompt_ids(tokenizer, p) for p in prompts]})
 
 
+def peer_micro_batch(minibatch: int, tokens_per_sample: int, token_budget: int) -> int:
+    """Samples per forward pass of a TRL peer: the most that divide ``minibatch`` and fit
+    ``token_budget`` tokens of ``tokens_per_sample`` each (at least 1), as colocate's trainer
+    packs ``ppo.micro_batch_tokens`` per micro-batch. On an H100 TRL's GRPO ran out of memory
+    on its 32-sample minibatches of 1,024-token responses (18.6 GiB of float32 logits over a
+    151,936-token vocabulary in one forward); colocate's trainer took 29.5 GiB at its peak."""
+    fit = max(1, token_budget // max(tokens_per_sample, 1))
+    return max(d for d in range(1, minibatch + 1) if minibatch % d == 0 and d <= fit)
+
+
 def _ppo_config(config_cls: Any, out_dir: Path, *, batch_size: int, max_new_tokens: int, updates: int,
-                epochs: int, minibatches: int, seed: int, stop_at_eos: bool, bf16: bool = False) -> Any:
+                epochs: int, minibatches: int, seed: int, stop_at_eos: bool, bf16: bool = False,
+                micro_batch: int = 0) -> Any:
     return config_cls(
-        output_dir=str(out_dir / "trl"), report_to=[], use_cpu=True, bf16=bf16, fp16=False,
+        output_dir=str(out_dir / "trl"), report_to=[], use_cpu=not torch.cuda.is_available(), bf16=bf16, fp16=False,
         gradient_checkpointing=False, seed=seed, data_seed=seed,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=1,
         num_mini_batches=minibatches, num_ppo_epochs=epochs, total_episodes=updates * batch_size,
-        local_rollout_forward_batch_size=batch_size, response_length=max_new_tokens, temperature=1.0,
+        local_rollout_forward_batch_size=micro_batch or batch_size, response_length=max_new_tokens, temperature=1.0,
         stop_token="eos" if stop_at_eos else None, num_sample_generations=0,
         eval_strategy="no", save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -240,14 +251,17 @@ def _ppo_config(config_cls: Any, out_dir: Path, *, batch_size: int, max_new_toke
 def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_size: int, max_new_tokens: int,
                 updates: int, epochs: int = 1, minibatches: int = 2, seed: int = 0, threads: int | None = None,
                 out_dir: Path, stop_at_eos: bool = False, warmup: int = 1, bf16: bool = False,
-                progress: Callable[[str], object] | None = None) -> dict[str, Any]:
+                micro_batch: int = 0, progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """`warmup` + `updates` PPO updates of `batch_size` prompts in TRL; times, phases, rewards of the last `updates`.
 
     The warm-up updates (first-call costs) are run and timed but left out of every
     statistic, as colocate's bench leaves out its own warm-up step.
 
     Raises `PeerUnavailable` when trl 1.12.0 is not installed, `ValueError` on a batch
-    that does not split into `minibatches` or fewer prompts than one batch.
+    that does not split into `minibatches` or fewer prompts than one batch. ``micro_batch``
+    (0: the whole batch): samples per forward pass of the rollout's scoring (policy,
+    reference, value, reward); TRL's PPO ties gradient accumulation to its batch, so its
+    training passes stay one per minibatch.
     """
     if batch_size % minibatches or len(prompts) < batch_size or min(updates, epochs) < 1 or warmup < 0:
         raise ValueError(f"need batch_size ({batch_size}) divisible by minibatches ({minibatches}), at least "
@@ -261,7 +275,7 @@ def run_trl_ppo(actor_path: str, reward_path: str, prompts: list[str], *, batch_
     trainer = trainer_cls(
         args=_ppo_config(config_cls, Path(out_dir), batch_size=batch_size, max_new_tokens=max_new_tokens,
                          updates=warmup + updates, epochs=epochs, minibatches=minibatches, seed=seed,
-                         stop_at_eos=stop_at_eos, bf16=bf16),
+                         stop_at_eos=stop_at_eos, bf16=bf16, micro_batch=micro_batch),
         processing_class=tokenizer, train_dataset=_prompt_dataset(tokenizer, prompts),
         callbacks=[_UpdateTimer(clock, progress)], **_load_models(actor_path, reward_path, tokenizer.pad_token_id))
     train_timed(trainer, lambda t: _attach_hooks(t, clock))
@@ -326,6 +340,8 @@ def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="updates run first and left out of the numbers")
     p.add_argument("--epochs", type=int, default=1, help="passes over each update's batch (colocate's ppo.epochs)")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="samples per forward pass (0: a whole minibatch; see peer_micro_batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--source", default="sentiment-prompts", help="prompt source, as colocate's data.source")
@@ -365,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli("trl_ppo", a, lambda progress: run_trl_ppo(
         a.actor, a.reward, prompts, batch_size=a.batch, max_new_tokens=a.new_tokens, updates=a.updates,
         epochs=a.epochs, minibatches=a.minibatches, seed=a.seed, threads=a.threads, out_dir=a.out,
-        stop_at_eos=a.stop_at_eos, warmup=a.warmup, bf16=a.bf16, progress=progress))
+        stop_at_eos=a.stop_at_eos, warmup=a.warmup, bf16=a.bf16, micro_batch=a.micro_batch, progress=progress))
 
 
 if __name__ == "__main__":

@@ -86,6 +86,28 @@ def test_grpo_peer_two_updates_of_groups_on_tiny_models(tmp_path, tiny_actor_pat
     assert settings["mixed_precision"] == "bf16"  # what accelerate autocasts the forwards in
 
 
+def test_grpo_peer_micro_batches_keep_the_batch_and_one_optimizer_step_per_minibatch(tmp_path, tiny_actor_path,
+                                                                                    tiny_rm_path):
+    """The GPU bench's peer passes forward passes of what fits colocate's micro-batch tokens
+    (TRL's GRPO ran out of memory on whole minibatches on an H100): 2-sample passes accumulate
+    into each 4-sample minibatch's one optimizer step, and an update still trains the batch."""
+    out = tmp_path / "grpo-micro"
+    cmd = [sys.executable, "-m", GRPO, "--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "8",
+           "--group-size", "2", "--new-tokens", "4", "--updates", "2", "--threads", "2", "--micro-batch", "2",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "trl_result.json").read_text())
+    assert result["updates"] == 2 and result["response_tokens"] == [8 * 4, 8 * 4]
+    assert (result["settings"]["micro_batch"], result["settings"]["minibatches"]) == (2, 2)
+    from colocate.bench.peers.trl_grpo import GrpoSettings
+
+    s = GrpoSettings(batch_size=8, group_size=2, minibatches=2, micro_batch=2)
+    assert (s.micro, s.accumulation) == (2, 2)
+    with pytest.raises(ValueError, match=r"micro_batch \(3\) >= 0 dividing a minibatch \(4 samples\)"):
+        GrpoSettings(batch_size=8, group_size=2, minibatches=2, micro_batch=3).check()
+
+
 def test_grpo_peer_without_trl_is_one_line_with_the_install_hint(tmp_path, tiny_actor_path, tiny_rm_path):
     cmd = _cli("--actor", tiny_actor_path, "--reward", tiny_rm_path, "--batch", "4", "--group-size", "2",
                "--updates", "1", "--out", str(tmp_path), prelude="import sys; sys.modules['trl'] = None; ",

@@ -224,3 +224,16 @@ def test_a_plot_that_fails_is_named_in_one_line_and_the_report_goes_on(tmp_path)
     rec = [{"mode": "sequential", "repeat": 0, "step_s": 1.0, "wall_s": 1.0, "reward_mean": 0.0}]
     suite._draw(said.append, plots.reward_curve, rec, ["sequential"], tmp_path / "r.png", "t")
     assert len(said) == 1 and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_peer_micro_batch_is_the_largest_divisor_of_the_minibatch_that_fits_the_token_budget():
+    from colocate.bench.peers.trl_ppo import peer_micro_batch
+
+    assert peer_micro_batch(32, 1024, 8192) == 8  # the GPU preset: 64 samples, 2 minibatches, 1,024 tokens
+    assert peer_micro_batch(32, 1000, 8192) == 8
+    assert peer_micro_batch(12, 300, 1024) == 3  # 3 fits (900 tokens), 4 would not; 3 divides 12
+    assert peer_micro_batch(8, 128, 1024) == 8  # a whole minibatch fits: no accumulation
+    assert peer_micro_batch(6, 4096, 1024) == 1  # not even one fits: one sample a pass
+    for minibatch, tokens, budget in [(16, 100, 1000), (10, 7, 30), (9, 50, 200)]:
+        fits = [d for d in range(1, minibatch + 1) if minibatch % d == 0 and d * tokens <= budget]
+        assert peer_micro_batch(minibatch, tokens, budget) == max(fits or [1])
