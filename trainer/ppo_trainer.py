@@ -57,7 +57,7 @@ from .packed import shared_plan_units, trainer_tokens
 from .packing import Plan, packed_micro_batches, row_micro_batches, unit_micro_batches
 from .rollout_logp import drift_terms, rollout_old_logp, stale_rows
 from .settings import TrainerSettings
-from .state_size import saved_shapes, state_mib, sync_numels
+from .state_size import saved_shapes, state_mib, sync_numels, tied_copies
 from .varlen_attention import VARLEN_SDPA, register_varlen_sdpa
 from .update import LossFn, Update, optimise
 
@@ -104,6 +104,7 @@ class PPOTrainer:
             self.critic = shard_model(critic.eval(), self.dist, compute)
             self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
         self._sync_numel: tuple[int, int] | None = None  # `sync_numel` (adapted only, whole), counted at its first call
+        self._tied_names: frozenset[str] | None = None  # `tied_copies` of the actor, found at the first push
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
         self.stash = HostStash()  # pinned host buffers of the CUDA offload, reused every step
 
@@ -312,22 +313,31 @@ class PPOTrainer:
         """Full HF-named actor state dict (float32, CPU) on rank 0 ({} on other ranks), or on
         every rank (``everywhere``: each rank's engine gets the weights). Collective.
         LoRA: the adapted linears' merged weights, with ``adapted_only`` nothing else (the
-        rest is the frozen base, which an engine holds unless it served other weights)."""
+        rest is the frozen base, which an engine holds unless it served other weights).
+        A tied head is left out (`tied_copies`: the engine ties it to the embeddings)."""
         if self.settings.lora.on_actor:
             merged = {name: t.to("cpu", copy=True) for name, t in self.actor_tensors(adapted_only)}
             return merged if everywhere or self.dist.is_main else {}
-        return full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
+        state = full_state_everywhere(self.actor) if everywhere else full_state_dict(self.actor)
+        tied = self._tied()
+        return {name: t for name, t in state.items() if name not in tied}
 
     def actor_tensors(self, adapted_only: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's full HF-named tensors one at a time on the training device (CUDA: the
         device-to-device weight push); LoRA: the adapted linears' merged weights, and with
-        ``adapted_only`` off the frozen base's other tensors too. Lazy and collective: every
-        rank iterates it to the end."""
+        ``adapted_only`` off the frozen base's other tensors too. A tied head is left out.
+        Lazy and collective: every rank iterates it to the end."""
+        tied = self._tied()
         if self.settings.lora.on_actor:
-            keep = adapted_weight if adapted_only else None
+            keep = (lambda n: adapted_weight(n)) if adapted_only else (lambda n: n not in tied)
             return merged_weights(full_tensors(self.actor, keep=keep), self.settings.lora.scaling,
                                   others=not adapted_only)
-        return full_tensors(self.actor)
+        return full_tensors(self.actor, keep=lambda n: n not in tied)
+
+    def _tied(self) -> frozenset[str]:
+        if self._tied_names is None:
+            self._tied_names = tied_copies(self.actor)
+        return self._tied_names
 
     def state_dict(self) -> dict[str, Any]:
         """Actor, critic (when there is one) and their optimizers as full CPU state dicts on

@@ -2,7 +2,7 @@
 
 Owns: `state_mib` (the local shards of parameters, gradients and optimizer moments a rank
 holds), `sync_numels` (the elements a weight sync pushes, whole or under LoRA the adapted
-weights only) and `saved_shapes` (the global shapes a checkpoint's state dict holds, to
+weights only), `tied_copies` (the state's names a push leaves out: a tied head) and `saved_shapes` (the global shapes a checkpoint's state dict holds, to
 check a checkpoint before loading it). Leaves out: the models and what is done with the
 counts (`trainer/ppo_trainer.py`, `colocate/run/`).
 """
@@ -30,10 +30,26 @@ def state_mib(models: Iterable[nn.Module], optimizers: Iterable[torch.optim.Opti
     return total / 2**20
 
 
+def tied_copies(model: nn.Module) -> frozenset[str]:
+    """The names of ``model``'s state that are another entry's tensor (transformers'
+    ``_tied_weights_keys`` where the config ties them: ``lm_head.weight`` of a model with
+    ``tie_word_embeddings``). A weight push leaves them out: the engine's model ties them
+    itself, and SGLang's Qwen2 logs "Parameter lm_head.weight not found" at every push of
+    one (seen on an H100, Qwen2.5-0.5B shape: 272 of the 1,202 MB pushed each step)."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return frozenset()
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    names = set(keys) & set(model.state_dict())
+    return frozenset(n for n in names if not adapted_weight(n))
+
+
 def sync_numels(actor: nn.Module, lora: bool) -> tuple[int, int]:
     """(elements of the adapted linears' merged weights under `lora`, else of the whole
-    state; elements of the whole state) that a weight sync of `actor` pushes."""
-    state = actor.state_dict()
+    state; elements of the whole state) that a weight sync of `actor` pushes (tied copies
+    left out: `tied_copies`)."""
+    tied = tied_copies(actor)
+    state = {name: t for name, t in actor.state_dict().items() if name not in tied}
     adapted = sum(t.numel() for name, t in state.items() if name.endswith(BASE_WEIGHT))
     whole = sum(t.numel() for name, t in state.items() if not (lora and adapted_weight(name))) + adapted
     return (adapted if lora else whole, whole)
