@@ -100,8 +100,11 @@ PRESETS = {
     # sessions would hold four engines), their static memory at 0.2 of the card each.
     "gpu": Preset("gpu", ("longtail-grpo", "longtail"), repeats=1, steps=2, batch_size=64, max_new_tokens=1024,
                   models="qwen2.5-0.5b", peer_updates=2, peer_min_updates=2,
+                  # chunks of 256 tokens (the bench's 16 elsewhere): on an H100 (2026-11-28) chunks of 16 sent
+                  # ~1,500 scoring requests a step for 64 samples, each an eager prefill of ~6-7 ms on the
+                  # reward engine, whose scoring then ended 5-7.5 s after generation (one-shot: 0.4 s)
                   overrides=("engines.actor_threads=1", "engines.reward_threads=1",
-                             "engines.mem_fraction_static=0.2"),
+                             "engines.mem_fraction_static=0.2", "overlap.chunk_size=256"),
                   note=("Random weights never choose EOS: colocate's budgets are lognormal (median cap/4, capped at "
                         "the cap, `ignore_eos`), while the TRL peer generates every response to the cap; compare "
                         "the peer in response tokens/s (samples/s favours colocate). The TRL peers generate with "
