@@ -9,7 +9,7 @@ feeder: an asyncio task beside the engines, or its own process with its own rewa
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
 or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them through the one
-schedule, ``colocate.rollout.schedule.run_step`` — every sample scored after generation when the mode
+schedule, ``colocate.rollout.schedule.Schedule`` — every sample scored after generation when the mode
 neither streams nor defers and nothing is carried (sequential), else streamed and/or
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
 the held-out evaluation through it too (greedy, scored after generation), and hands back
@@ -122,6 +122,8 @@ class Rollouts:
         self.scorer = Scorer(reward_engine, tuple(reward_fns), decode, cfg.reward.scale, o.feeder_timeout_s,
                              whole=self._whole(WHOLE_STEP_BASE) if feeder_engine is not None else None)
         self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
+        self.schedule = schedule.Schedule(actor, pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
+                                          timeline=timeline, turns=self.turns)
         self.scheduler = LengthAwareScheduler(o, batch_size or cfg.rollout.batch_size, cfg.rollout.group_size)
         self.picker = ModePicker(auto_policy(o, streams=reward_engine is not None or feeder_engine is not None)) \
             if o.mode == "auto" else None
@@ -258,27 +260,23 @@ class Rollouts:
         return {role: eng.requests for role, eng in engines.items() if eng is not None}
 
     def _run_step(self, plan, step_mode: Mode, step: int, score_at_end: bool):
-        """``plan`` through ``colocate.rollout.schedule.run_step``, the one schedule: streamed scoring when
+        """``plan`` through the one schedule (``colocate.rollout.schedule.Schedule``): streamed scoring when
         the mode streams, the cut after the first B/n groups when it defers, every sample
         scored after generation when ``score_at_end`` (a sequential step with nothing
         carried). Returns the phase seconds, every launched sample (finished first: in
         completion order, or in launch order when scored at the end) and the chunk."""
         if score_at_end:
-            res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
-                self.actor, plan.launch, self.sampling, step, score_all=self.scorer.score_all, tag_prefix="st",
-                timeline=self.timeline, turns=self.turns))
+            res = run_guarded([self.actor, *self.scorer.engines], self.schedule.run_then_score(
+                plan.launch, self.sampling, step, self.scorer.score_all, tag_prefix="st"))
             return res.seconds, res.completed + res.unfinished, 0
-        o = self.cfg.overlap
         streams = self.client is not None and step_mode.streams
         chunk = self.tuner.chunk_for_step(step) if streams else 0
         need = max(0, self.scheduler.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
-        res = run_guarded([self.actor, *self.scorer.engines], schedule.run_step(
-            self.actor, plan.launch, self.sampling, step, score=self.scorer,
-            client=self.client if streams else None, chunk=chunk or 64,
-            cut_after=need if step_mode.defers else None,
-            pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
-            timeline=self.timeline, turns=self.turns))
+        res = run_guarded([self.actor, *self.scorer.engines], self.schedule.run(
+            plan.launch, self.sampling, step, score=self.scorer,
+            stream=schedule.Stream(self.client, chunk) if streams else None,
+            cut_after=need if step_mode.defers else None))
         if streams:
             self.tuner.record(step, chunk, time.perf_counter() - started)
         return res.seconds, res.completed + res.unfinished, chunk
@@ -326,8 +324,8 @@ class Rollouts:
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
-        res = run_guarded([self.actor, *scorer.engines], schedule.run_step(
-            self.actor, samples, self.greedy, step, score_all=scorer.score_all, tag_prefix="ev", turns=self.turns))
+        res = run_guarded([self.actor, *scorer.engines], schedule.Schedule(self.actor, turns=self.turns).run_then_score(
+            samples, self.greedy, step, scorer.score_all, tag_prefix="ev"))
         return res.seconds
 
     def observe_reward(self, mean_reward: float) -> None:

@@ -1,7 +1,9 @@
 """One step's schedule over its samples: streamed scoring and/or the early cut, and the
 stragglers parked in the engine across the step boundary.
 
-Owns: running the launched samples concurrently on the actor engine; scoring each one as
+Owns: :class:`Schedule` (an actor engine's steps: :meth:`Schedule.run`, or
+:meth:`Schedule.run_then_score` for the sequential schedule; :class:`Stream` for streamed
+scoring): running the launched samples concurrently on the actor engine; scoring each one as
 it is generated (``streamed``: chunks to the feeder, intra-step overlap) or as soon as it
 finishes (the caller's ``score``: one-shot on a reward model, reward functions); and, when
 ``cut_after`` is set (inter-step overlap), aborting the rest once that many groups are finished *and* scored (a group: the
@@ -258,93 +260,120 @@ class _Run:
         return req.sample
 
 
-async def run_step(
-    actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
-    score: SampleScore | None = None, client: ScoreClient | None = None, chunk: int = 64,
-    cut_after: int | None = None,
-    pause_mode: str = "abort", live: LiveRequests | None = None, timeline: Timeline | None = None,
-    turns: MultiTurn | None = None, score_all: ScoreAll | None = None, tag_prefix: str = "op",
-) -> OverlapResult:
-    """Generate ``samples``; score each as it goes (model scores streamed through
-    ``client``, whose own deadline applies; each finished sample's reward by ``score``,
-    which scores one-shot what did not stream); after ``cut_after`` groups have all their launched members finished
-    and scored, stop the rest: abort them (``pause_mode="abort"``), or pause the engine and
-    park their streams in ``live`` (``in_place``/``retract``; the unfinished samples handed
-    back are frozen copies, see :func:`frozen`). A launched sample parked in ``live`` by
-    an earlier step continues its stream instead of sending a new request. With ``turns``
-    each sample is a multi-turn trajectory (``colocate.rollout.generation.stream_sample``): an abort
-    reaches it mid-turn (its request) or between turns (after the environment's answer);
-    parked, its request waits in the paused engine, or, between turns, it waits after the
-    environment's answer until a later step adopts it.
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """Streamed scoring (intra-step overlap): each sample's tokens go to the reward feeder
+    through ``client`` in chunks of ``chunk`` tokens as they are generated."""
 
-    ``score_all`` instead (the sequential schedule: no ``client``, no cut, nothing parked):
-    every sample generated, then the finished ones scored together, in launch order, which
-    is also the order ``completed`` hands them back in. Request ids start with
-    ``tag_prefix``."""
-    at_end = score_all is not None
-    if at_end and (client is not None or cut_after is not None or pause_mode != "abort"):
-        raise ValueError("run_step: score_all scores after generation; it takes no client, cut or pause")
-    tag = f"{tag_prefix}{step:07d}"
-    check_budget(samples, actor.context_length)
-    clock = _Clock(time.perf_counter())
-    completed: list[Sample] = []
-    run = _Run(live if pause_mode != "abort" else None, timeline, turns, score_at_end=at_end)
-    mark(timeline, "rollout")
-    pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
-    for s in samples:
-        pending[s.group_id] = pending.get(s.group_id, 0) + 1
-    groups_done: list[int] = []  # group ids in the order their last launched member was scored
-    tasks: dict[int, asyncio.Future] = {}
-    parking: list[asyncio.Future] = []
+    client: ScoreClient
+    chunk: int = 64
 
-    def on_done(sample: Sample, score: float) -> None:
-        completed.append(sample)
-        sample.score = score
-        pending[sample.group_id] -= 1
-        if pending[sample.group_id] == 0:
-            groups_done.append(sample.group_id)
-        if cut_after is not None and len(groups_done) == cut_after and clock.cut is None:
-            clock.cut = time.perf_counter()
-            mark(timeline, "cut")
-            stragglers = [i for i in run.current if i not in clock.last_token]
-            if pause_mode == "abort":
-                for i in stragglers:
-                    mark(timeline, "aborted", i)
-                    run.aborted.add(i)
-                    generation.abort(actor, run.current[i], tag)
-            else:
-                parking.append(asyncio.ensure_future(_park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
 
-    if at_end:
-        return await _generate_then_score(actor, samples, sampling, step, tag, run, clock, score_all)
-    if live is not None and pause_mode == "in_place" and live.unstarted():
-        # queued at an in-place pause: their radix namespace (the weight version they were sent
-        # under) would match the old weights' KV of their prompt while their tokens count as the
-        # new version's; they end here and go again as new requests (their copies are deferred)
-        await live.discard(actor, live.unstarted())
-    await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
-    await generation.prefill_shared_prompts(actor, samples, tag)  # before any member runs
-    for s in samples:
-        tasks[s.index] = asyncio.ensure_future(_one(
-            actor, s, sampling, tag, step, client=client, score=score, chunk=chunk, clock=clock,
-            on_done=on_done, run=run))
-    try:
-        await _wait_all(list(tasks.values()))
-        await _wait_all(parking)
-    except BaseException:
-        await _stop(actor, run, list(tasks.values()) + parking, tag, client, step)
-        raise
-    end = time.perf_counter()
-    mark(timeline, "rollout_end")
-    done = {s.index for s in completed}
-    first = set(groups_done if cut_after is None else groups_done[:cut_after])
-    return OverlapResult(completed, [run.current.get(s.index, s) for s in samples if s.index not in done],
-                         _timings(clock, [s for s in completed if s.group_id in first], end))
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The schedule of one actor engine's steps: what stays the same from step to step (the
+    engine, where stragglers go at a cut: ``pause_mode`` and the parked streams ``live``,
+    the request ``timeline``, the multi-turn environment ``turns``). A step runs either way:
+    :meth:`run` (each sample scored as it goes, optionally streamed and cut) or
+    :meth:`run_then_score` (the sequential schedule)."""
+
+    actor: Any
+    pause_mode: str = "abort"
+    live: LiveRequests | None = None
+    timeline: Timeline | None = None
+    turns: MultiTurn | None = None
+
+    async def run(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
+                  score: SampleScore | None = None, stream: Stream | None = None, cut_after: int | None = None,
+                  tag_prefix: str = "op") -> OverlapResult:
+        """Generate ``samples``; score each as it goes (model scores streamed through
+        ``stream``'s client, whose own deadline applies; each finished sample's reward by
+        ``score``, which scores one-shot what did not stream); after ``cut_after`` groups have
+        all their launched members finished and scored, stop the rest: abort them
+        (``pause_mode="abort"``), or pause the engine and park their streams in ``live``
+        (``in_place``/``retract``; the unfinished samples handed back are frozen copies, see
+        :func:`frozen`). A launched sample parked in ``live`` by an earlier step continues its
+        stream instead of sending a new request. With ``turns`` each sample is a multi-turn
+        trajectory (``colocate.rollout.generation.stream_sample``): an abort reaches it
+        mid-turn (its request) or between turns (after the environment's answer); parked, its
+        request waits in the paused engine, or, between turns, it waits after the
+        environment's answer until a later step adopts it. Request ids start with
+        ``tag_prefix``."""
+        actor, live, timeline, turns, pause_mode = self.actor, self.live, self.timeline, self.turns, self.pause_mode
+        client, chunk = (stream.client, stream.chunk) if stream is not None else (None, 64)
+        tag = f"{tag_prefix}{step:07d}"
+        check_budget(samples, actor.context_length)
+        clock = _Clock(time.perf_counter())
+        completed: list[Sample] = []
+        run = _Run(live if pause_mode != "abort" else None, timeline, turns)
+        mark(timeline, "rollout")
+        pending: dict[int, int] = {}  # group id -> launched members not yet finished and scored
+        for s in samples:
+            pending[s.group_id] = pending.get(s.group_id, 0) + 1
+        groups_done: list[int] = []  # group ids in the order their last launched member was scored
+        tasks: dict[int, asyncio.Future] = {}
+        parking: list[asyncio.Future] = []
+
+        def on_done(sample: Sample, score: float) -> None:
+            completed.append(sample)
+            sample.score = score
+            pending[sample.group_id] -= 1
+            if pending[sample.group_id] == 0:
+                groups_done.append(sample.group_id)
+            if cut_after is not None and len(groups_done) == cut_after and clock.cut is None:
+                clock.cut = time.perf_counter()
+                mark(timeline, "cut")
+                stragglers = [i for i in run.current if i not in clock.last_token]
+                if pause_mode == "abort":
+                    for i in stragglers:
+                        mark(timeline, "aborted", i)
+                        run.aborted.add(i)
+                        generation.abort(actor, run.current[i], tag)
+                else:
+                    parking.append(asyncio.ensure_future(
+                        _park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
+
+        if live is not None and pause_mode == "in_place" and live.unstarted():
+            # queued at an in-place pause: their radix namespace (the weight version they were sent
+            # under) would match the old weights' KV of their prompt while their tokens count as the
+            # new version's; they end here and go again as new requests (their copies are deferred)
+            await live.discard(actor, live.unstarted())
+        await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
+        await generation.prefill_shared_prompts(actor, samples, tag)  # before any member runs
+        for s in samples:
+            tasks[s.index] = asyncio.ensure_future(_one(
+                actor, s, sampling, tag, step, client=client, score=score, chunk=chunk, clock=clock,
+                on_done=on_done, run=run))
+        try:
+            await _wait_all(list(tasks.values()))
+            await _wait_all(parking)
+        except BaseException:
+            await _stop(actor, run, list(tasks.values()) + parking, tag, client, step)
+            raise
+        end = time.perf_counter()
+        mark(timeline, "rollout_end")
+        done = {s.index for s in completed}
+        first = set(groups_done if cut_after is None else groups_done[:cut_after])
+        return OverlapResult(completed, [run.current.get(s.index, s) for s in samples if s.index not in done],
+                             _timings(clock, [s for s in completed if s.group_id in first], end))
+
+    async def run_then_score(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
+                             score_all: ScoreAll, *, tag_prefix: str = "op") -> OverlapResult:
+        """The sequential schedule (no streaming, no cut, nothing parked): every sample
+        generated, then the finished ones scored together by ``score_all``, in launch order,
+        which is also the order ``completed`` hands them back in. Request ids start with
+        ``tag_prefix``."""
+        tag = f"{tag_prefix}{step:07d}"
+        check_budget(samples, self.actor.context_length)
+        clock = _Clock(time.perf_counter())
+        run = _Run(None, self.timeline, self.turns, score_at_end=True)
+        mark(self.timeline, "rollout")
+        return await _generate_then_score(self.actor, samples, sampling, step, tag, run, clock, score_all)
 
 
 async def _generate_then_score(actor, samples: Sequence[Sample], sampling: dict[str, Any], step: int, tag: str,
                                run: _Run, clock: _Clock, score_all: ScoreAll) -> OverlapResult:
-    """`run_step` with ``score_all``: every sample's stream (a shared prompt prefilled
+    """:meth:`Schedule.run_then_score`: every sample's stream (a shared prompt prefilled
     first), then the finished ones scored together in launch order."""
     await generation.prefill_shared_prompts(actor, samples, tag)
     tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=None, score=None, chunk=0, clock=clock,

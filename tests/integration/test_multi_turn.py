@@ -213,7 +213,7 @@ def test_streamed_scores_of_trajectories_cover_the_environments_tokens(actor_eng
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES)).multi_turn()
 
     async def body(feeder, client):
-        return await schedule.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4, turns=turns)
+        return await schedule.Schedule(actor_engine, turns=turns).run(samples, GREEDY, 0, stream=schedule.Stream(client, 4))
 
     _, res = _with_feeder(actor_engine.loop, reward_engine, body)
     assert len(res.completed) == 3 and all(0 in s.mask() for s in samples)
@@ -246,8 +246,8 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     a = Sample(20, list(prompt(tokenizer)), 96, record={"short": True})
     b = Sample(1, list(prompt(tokenizer)), 96)
     live = LiveRequests()
-    first = run(actor_engine, schedule.run_step(actor_engine, [a, b], GREEDY, 0, cut_after=1, pause_mode="in_place",
-                                            live=live, turns=turns))
+    first = run(actor_engine, schedule.Schedule(actor_engine, pause_mode="in_place", live=live, turns=turns).run(
+        [a, b], GREEDY, 0, cut_after=1))
     assert [s.index for s in first.completed] == [20] and 1 in live
     (frozen,) = first.unfinished
     assert frozen.awaiting_env and frozen.turns == 1  # cut between turns: the environment was answering
@@ -262,8 +262,8 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     run(actor_engine, parked_for(0.5))
     assert actor_engine.requests == served and parked.turns == 1
 
-    second = run(actor_engine, schedule.run_step(actor_engine, [frozen], GREEDY, 1, live=live, pause_mode="in_place",
-                                             turns=turns))
+    second = run(actor_engine, schedule.Schedule(actor_engine, pause_mode="in_place", live=live, turns=turns).run(
+        [frozen], GREEDY, 1))
     (done,) = second.completed
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
     assert not len(live)

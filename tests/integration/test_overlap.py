@@ -49,7 +49,7 @@ def test_streamed_rewards_equal_scoring_after_generation(actor_engine, reward_en
     samples = [Sample(i, p, 10 + 5 * i) for i, p in enumerate(_prompts(4))]
 
     async def body(feeder, client):
-        return await schedule.run_step(actor_engine, samples, GREEDY, 0, client=client, chunk=4)
+        return await schedule.Schedule(actor_engine).run(samples, GREEDY, 0, stream=schedule.Stream(client, 4))
 
     feeder, res = _with_feeder(loop, reward_engine, body)
     assert len(res.completed) == 4 and not res.unfinished
@@ -69,14 +69,14 @@ def test_cut_defers_partials_that_resume_exactly(actor_engine, reward_engine):
     loop.run_until_complete(generation.generate(actor_engine, full, GREEDY, "unint"))
 
     samples = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
-    res = loop.run_until_complete(schedule.run_step(
-        actor_engine, samples, GREEDY, 1, score=Scorer(reward_engine), cut_after=1))
+    res = loop.run_until_complete(schedule.Schedule(actor_engine).run(
+        samples, GREEDY, 1, score=Scorer(reward_engine), cut_after=1))
     assert [s.index for s in res.completed] == [0]  # exactly B=1 trained
     assert len(res.unfinished) == 3
     for s in res.unfinished:
         assert s.finish_reason == "abort" and len(s.output_ids) < s.max_new_tokens
-    res2 = loop.run_until_complete(schedule.run_step(
-        actor_engine, res.unfinished, GREEDY, 2, score=Scorer(reward_engine)))
+    res2 = loop.run_until_complete(schedule.Schedule(actor_engine).run(
+        res.unfinished, GREEDY, 2, score=Scorer(reward_engine)))
     assert len(res2.completed) == 3
     for s in res.unfinished:
         assert s.output_ids == full[s.index].output_ids
@@ -90,9 +90,9 @@ def test_feeder_forgets_requests_the_cut_aborted(actor_engine, reward_engine):
     cut = [Sample(i, p, b) for i, (p, b) in enumerate(zip(_prompts(4), [6, 64, 64, 64]))]
 
     async def body(feeder, client):
-        first = await schedule.run_step(actor_engine, cut, GREEDY, 1, client=client, chunk=4, cut_after=1)
+        first = await schedule.Schedule(actor_engine).run(cut, GREEDY, 1, stream=schedule.Stream(client, 4), cut_after=1)
         left = feeder.open_requests()
-        second = await schedule.run_step(actor_engine, first.unfinished, GREEDY, 2, client=client, chunk=4)
+        second = await schedule.Schedule(actor_engine).run(first.unfinished, GREEDY, 2, stream=schedule.Stream(client, 4))
         return first, left, second
 
     feeder, (first, left_after_cut, second) = _with_feeder(loop, reward_engine, body)

@@ -56,8 +56,8 @@ def engine_for(request, actor_engine):
 
 
 def _cut(engine, mode, live, step=1):
-    return engine.loop.run_until_complete(schedule.run_step(
-        engine, _samples(), GREEDY, step, cut_after=1, pause_mode=mode, live=live))
+    return engine.loop.run_until_complete(schedule.Schedule(engine, pause_mode=mode, live=live).run(
+        _samples(), GREEDY, step, cut_after=1))
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
@@ -75,7 +75,7 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
         assert s.finish_reason == "abort" and 0 < len(s.output_ids) < s.max_new_tokens
         assert s.index in live and s.status is Status.DEFERRED
     sent = actor_engine.requests
-    res2 = run(schedule.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
+    res2 = run(schedule.Schedule(actor_engine, pause_mode=mode, live=live).run(res.unfinished, GREEDY, 2))
     assert actor_engine.requests == sent  # adopted: no new request, nothing re-prefilled by us
     assert actor_engine.paused is None and len(live) == 0
     assert sorted(s.index for s in res2.completed) == [1, 2, 3]
@@ -107,7 +107,7 @@ def test_after_a_weight_update_tokens_carry_versions_and_behaviour_logprobs(engi
     res = _cut(actor_engine, mode, live)
     try:
         actor_engine.update_weights(buckets(new, 20_000), version=v0 + 1)
-        res2 = run(schedule.run_step(actor_engine, res.unfinished, GREEDY, 2, pause_mode=mode, live=live))
+        res2 = run(schedule.Schedule(actor_engine, pause_mode=mode, live=live).run(res.unfinished, GREEDY, 2))
         assert len(res2.completed) == 3
         for s in res2.completed:
             frozen = next(f for f in res.unfinished if f.index == s.index)
@@ -188,8 +188,8 @@ def test_a_straggler_that_finishes_while_the_pause_is_on_its_way_is_a_finished_s
         return 1.0
 
     live = LiveRequests()
-    res = actor_engine.loop.run_until_complete(schedule.run_step(
-        actor, samples, GREEDY, 1, score=score, cut_after=1, pause_mode="retract", live=live))
+    res = actor_engine.loop.run_until_complete(schedule.Schedule(actor, pause_mode="retract", live=live).run(
+        samples, GREEDY, 1, score=score, cut_after=1))
     try:
         done = {s.index: s for s in res.completed}
         assert 1 in done and done[1].finish_reason == "length" and len(done[1].output_ids) == 24
@@ -261,11 +261,11 @@ def test_in_place_requests_still_queued_at_the_pause_run_on_the_new_weights_only
     samples = [Sample(0, _prompts(1)[0], 4)] + [Sample(i, list(shared), 24, group=1) for i in (1, 2, 3)]
     v0 = eng.weight_version
     live = LiveRequests()
-    res = run(schedule.run_step(eng, samples, GREEDY, 1, cut_after=1, pause_mode="in_place", live=live))
+    res = run(schedule.Schedule(eng, pause_mode="in_place", live=live).run(samples, GREEDY, 1, cut_after=1))
     assert eng.paused == "in_place" and {s.index for s in res.unfinished} == {1, 2, 3}
     new = _perturbed(tiny_actor_path, seed=5)
     eng.update_weights(buckets(new, 20_000), version=v0 + 1)
-    res2 = run(schedule.run_step(eng, res.unfinished, GREEDY, 2, pause_mode="in_place", live=live))
+    res2 = run(schedule.Schedule(eng, pause_mode="in_place", live=live).run(res.unfinished, GREEDY, 2))
     assert {s.index for s in res2.completed} == {1, 2, 3}
     # the member in the running batch at the pause got its first token from the old weights
     # (in place: its KV stays, as designed); those still queued have every token from the new

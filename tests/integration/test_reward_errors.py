@@ -80,10 +80,10 @@ def _streamed(actor, reward, cut_after):
                 async with ScoreClient(chunks, results, timeout_s=TIMEOUT_S) as client:
                     started = time.monotonic()
                     with pytest.raises(RewardRequestError) as e:
-                        await schedule.run_step(actor, _samples(), GREEDY, 5, client=client, chunk=4, cut_after=cut_after)
+                        await schedule.Schedule(actor).run(_samples(), GREEDY, 5, stream=schedule.Stream(client, 4), cut_after=cut_after)
                     took, left = time.monotonic() - started, client.waiting()
-                    ok = await schedule.run_step(actor, [s for s in _samples() if s.index % 2 == 0], GREEDY, 6,
-                                             client=client, chunk=4)
+                    ok = await schedule.Schedule(actor).run([s for s in _samples() if s.index % 2 == 0], GREEDY, 6,
+                                                      stream=schedule.Stream(client, 4))
                     return e.value, took, left, ok
             finally:
                 stop.set()
@@ -105,8 +105,8 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
     loop = actor_engine.loop
     started = time.monotonic()
     with pytest.raises(RewardRequestError) as e:
-        loop.run_until_complete(schedule.run_step(actor_engine, _samples(), GREEDY, 5,
-                                              score=Scorer(short_rm, timeout_s=TIMEOUT_S), cut_after=3))
+        loop.run_until_complete(schedule.Schedule(actor_engine).run(_samples(), GREEDY, 5,
+                                                       score=Scorer(short_rm, timeout_s=TIMEOUT_S), cut_after=3))
     _one_line_about_a_long_sample(e.value, 5)
     assert time.monotonic() - started < TIMEOUT_S
     left = [t for t in asyncio.all_tasks(loop) if not t.done() and t.get_coro().__qualname__ == "_one"]
@@ -115,8 +115,8 @@ def test_one_shot_score_error_fails_the_inter_step(actor_engine, short_rm):
 
 def run_sequential(actor, samples, sampling, step: int, scorer: Scorer) -> None:
     """The sequential schedule: ``schedule.run_step`` scoring every sample after generation."""
-    run_guarded([actor, *scorer.engines], schedule.run_step(actor, samples, sampling, step, score_all=scorer.score_all,
-                                                        tag_prefix="st"))
+    run_guarded([actor, *scorer.engines], schedule.Schedule(actor).run_then_score(samples, sampling, step, scorer.score_all,
+                                                                         tag_prefix="st"))
 
 
 def test_sequential_score_error_is_one_line(actor_engine, short_rm):
