@@ -6,7 +6,9 @@ throughput) + training phases + weight sync. Generation and scoring can overlap 
 other perfectly at best, and no overlap hides training or sync in this design.
 
 Owns: measuring the two throughputs once per workload on the session's own engines, and
-the per-step bound and efficiency. Leaves out: the runs themselves.
+the per-step bound and efficiency; on CUDA also the decode step's own bound (reading the
+actor's weights once per step at the device's measured bandwidth: `decode_bound_ms`) and
+how far the measured full-batch decode step is above it. Leaves out: the runs themselves.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     loop.run_until_complete(generation.generate(session.actor, samples, {"temperature": 1.0, "ignore_eos": True}, "probe"))
     decode_s = time.perf_counter() - t
     out = {"decode_tokens_per_s": sum(len(s.output_ids) for s in samples) / decode_s, "probe_batch": B}
+    out["decode_step_ms"] = 1000.0 * decode_s / tokens  # a token of every sample a step (their prefill spread over them)
+    if session.actor.device == "cuda":
+        weights = session.sync_mb() * 2**20  # the actor's weights in the engine's dtype, a tied head once
+        out.update(decode_bound(weights, device_read_bytes_per_s(), out["decode_step_ms"]))
     if session.reward_engine is not None:
         seqs = [s.prompt_ids + s.output_ids for s in samples]
         loop.run_until_complete(rm.score_many(session.reward_engine, [q[:8] for q in seqs], "probw"))
@@ -45,6 +51,36 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
         session.reward_engine.flush_cache()
     session.actor.flush_cache()
     return out
+
+
+def decode_bound(weight_bytes: float, read_bytes_per_s: float, step_ms: float) -> dict[str, float]:
+    """A decode step reads every weight once: ``weight_bytes`` at ``read_bytes_per_s`` is its
+    floor (launches, the KV cache's reads and sampling come on top). Returns the floor, the
+    inputs, and how many times the floor the measured ``step_ms`` is."""
+    bound_ms = 1000.0 * weight_bytes / read_bytes_per_s
+    return {"decode_bound_ms": bound_ms, "weights_gb": weight_bytes / 1e9,
+            "device_read_gb_per_s": read_bytes_per_s / 1e9, "decode_vs_bound": step_ms / bound_ms}
+
+
+def device_read_bytes_per_s(size_bytes: int = 2**30, repeats: int = 10) -> float:
+    """The current CUDA device's copy bandwidth in bytes read per second (a device-to-device
+    copy of ``size_bytes``, the best of ``repeats``; each copy reads and writes it once)."""
+    import torch
+
+    src = torch.empty(size_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000.0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return size_bytes / best
 
 
 def step_bound(rec: dict[str, Any], probe_result: dict[str, float]) -> float:

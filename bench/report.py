@@ -177,6 +177,11 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
     if probe:
         lines += ["", f"engine probe: decode {probe['decode_tokens_per_s']:.0f} tok/s at batch "
                   f"{probe['probe_batch']}, RM prefill {probe.get('prefill_tokens_per_s', float('nan')):.0f} tok/s"]
+        if "decode_bound_ms" in probe:
+            lines += ["", f"decode step at batch {probe['probe_batch']}: {probe['decode_step_ms']:.2f} ms, "
+                      f"{probe['decode_vs_bound']:.1f}x its bound of {probe['decode_bound_ms']:.2f} ms (the actor's "
+                      f"{probe['weights_gb']:.2f} GB of weights read once at the device's measured "
+                      f"{probe['device_read_gb_per_s']:.0f} GB/s; launches, KV reads and sampling on top)"]
     lines += ["", "Cells: median [min–max] over measured steps (ratios: over repeats). bound efficiency = "
               "lower-bound step time / measured step time (1.0 = at the bound)."]
     return "\n".join(lines)

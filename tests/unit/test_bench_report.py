@@ -237,3 +237,19 @@ def test_peer_micro_batch_is_the_largest_divisor_of_the_minibatch_that_fits_the_
     for minibatch, tokens, budget in [(16, 100, 1000), (10, 7, 30), (9, 50, 200)]:
         fits = [d for d in range(1, minibatch + 1) if minibatch % d == 0 and d * tokens <= budget]
         assert peer_micro_batch(minibatch, tokens, budget) == max(fits or [1])
+
+
+def test_the_decode_bound_is_the_weights_read_once_at_the_measured_bandwidth_and_the_report_says_it():
+    """Issue 53's decode target: the step against reading the actor's weights once per step
+    (the H100 numbers: 0.99 GB of bf16 Qwen2.5-0.5B weights at ~3 TB/s, ~0.33 ms)."""
+    from colocate.bench.limit import decode_bound
+
+    got = decode_bound(0.99e9, 3.0e12, step_ms=3.96)
+    assert got["decode_bound_ms"] == pytest.approx(0.33)
+    assert got["decode_vs_bound"] == pytest.approx(12.0)
+    assert (got["weights_gb"], got["device_read_gb_per_s"]) == (pytest.approx(0.99), pytest.approx(3000.0))
+    probe = {"decode_tokens_per_s": 16000.0, "probe_batch": 64, "decode_step_ms": 3.96, **got}
+    text = markdown("w", summarize([], probe, ["sequential"]), None, probe)
+    assert "decode step at batch 64: 3.96 ms, 12.0x its bound of 0.33 ms" in text
+    assert "decode step at batch" not in markdown("w", summarize([], {}, ["sequential"]), None,
+                                                  {"decode_tokens_per_s": 1.0, "probe_batch": 1})
