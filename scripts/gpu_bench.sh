@@ -2,7 +2,7 @@
 # The GPU bench in one call of a lent CUDA machine (issue 53, item 3): `colocate bench --gpu`,
 # a Qwen2.5-0.5B-shaped random actor and a random reward model of the same shape, batch 64,
 # lognormal budgets up to 1,024 new tokens (ignore_eos), GRPO (groups of 4) then PPO, every
-# mode in the order sequential, oppo, intra, inter, auto, and TRL's GRPOTrainer / PPO
+# mode in the order sequential, oppo, auto, inter, intra, and TRL's GRPOTrainer / PPO
 # (bf16, HF generate, no vLLM) as peers, with CUDA graphs on (engines.cuda_graph's default)
 # and the attention backend colocate's own rule picks (engine_config.default_attention_backend:
 # triton on the kit). The bench's budget (--budget-s) leaves modes, peers and then the PPO
@@ -76,7 +76,7 @@ EOF
   return 0
 }
 
-MODES=${MODES:-sequential,oppo,auto,intra,inter}
+MODES=${MODES:-sequential,oppo,auto,inter,intra}
 SETS=(--set engines.log_level=warning)
 for s in $ENGINE_SETS; do SETS+=(--set "$s"); done
 [ "$ATTN" = sglang-pick ] || SETS+=(--set engines.attention_backend="$ATTN")
