@@ -63,22 +63,28 @@ def test_loop_check_parts_run_on_shared_engines_and_report_each_step(tmp_path, t
         loop_check.run_parts(["nope"], common, tmp_path, engine_pool, report, deadline=0, need_s=0)
 
 
+def _with_stand_in(tmp_path, name: str, code: str, timeout: int) -> str:
+    """Run ``code`` in a fresh interpreter with the kit's stand-in ``name`` first on the path
+    (``sys.argv[1]``: the folder holding it); its stdout, after checking it exited cleanly."""
+    (tmp_path / name).symlink_to(ROOT / "scripts/gpu_kit/overlay" / name)
+    code = (f"import sys; sys.path.insert(0, sys.argv[1]); import {name}; "
+            f"assert {name}.__file__.startswith(sys.argv[1]), {name}.__file__; " + code)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def test_the_kits_xgrammar_stand_in_lets_sglangs_detokenizer_import_its_tool_parsers(tmp_path):
     """Found on an H100 (the image has no xgrammar): SGLang's detokenizer process imports
     every tool-call detector at start, some of which import xgrammar, and died. The kit's
     import-only stand-in (scripts/gpu_kit/overlay/xgrammar) must satisfy those imports,
     pydantic's schema of ``StructuralTag`` included, with the real xgrammar out of reach."""
-    (tmp_path / "xgrammar").symlink_to(ROOT / "scripts/gpu_kit/overlay/xgrammar")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from colocate.engine import sglang_api; sglang_api.prepare('cpu'); "
-            "import xgrammar; assert xgrammar.__file__.startswith(sys.argv[1]), xgrammar.__file__; "
-            "import sglang.srt.managers.detokenizer_manager; "
-            "from sglang.srt.parser.response_template import tool_close_token_ids; "
-            "print('closers', sorted(tool_close_token_ids(None, None)))")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "closers []" in proc.stdout
+    out = _with_stand_in(tmp_path, "xgrammar", "from colocate.engine import sglang_api; sglang_api.prepare('cpu'); "
+                         "import sglang.srt.managers.detokenizer_manager; "
+                         "from sglang.srt.parser.response_template import tool_close_token_ids; "
+                         "print('closers', sorted(tool_close_token_ids(None, None)))", timeout=300)
+    assert "closers []" in out
 
 
 def _gpu_bench(tmp_path, **env):
@@ -142,21 +148,16 @@ def test_the_kits_ipython_stand_in_lets_the_bench_draw_its_plots(tmp_path):
     it imported, read ``IPython.version_info`` as a figure was made and called
     ``get_ipython()`` in pyplot: the GPU bench died drawing its first plot, before its report
     was written. With the stand-in first on the path the bench's three plots are drawn."""
-    (tmp_path / "IPython").symlink_to(ROOT / "scripts/gpu_kit/overlay/IPython")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "import IPython; assert IPython.__file__.startswith(sys.argv[1]), IPython.__file__; "
-            "from colocate.bench import plots, requests; out = Path(sys.argv[1]); "
-            "rec = [{'mode': 'sequential', 'repeat': 0, 'step_s': 2.0, 'wall_s': 2.0, 'reward_mean': 0.5, "
-            "'time/generate': 1.5, 'time/actor': 0.5}]; "
-            "plots.gantt(rec, ['sequential'], out / 'g.png', 't'); "
-            "plots.reward_curve(rec, ['sequential'], out / 'r.png', 't'); "
-            "ev = [dict(t=0.0, event='rollout', index=-1), dict(t=0.1, event='launch', index=0, prior=0), "
-            "dict(t=0.2, event='first_token', index=0), dict(t=1.0, event='end', index=0), "
-            "dict(t=1.2, event='trained', index=0), dict(t=1.2, event='rollout_end', index=-1)]; "
-            "ev = [dict(e, step=1, mode='sequential', repeat=0) for e in ev]; "
-            "print(requests.plot(ev, ['sequential'], out / 'q.png', 't'))")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _with_stand_in(tmp_path, "IPython", "from pathlib import Path; "
+                   "from colocate.bench import plots, requests; out = Path(sys.argv[1]); "
+                   "rec = [{'mode': 'sequential', 'repeat': 0, 'step_s': 2.0, 'wall_s': 2.0, 'reward_mean': 0.5, "
+                   "'time/generate': 1.5, 'time/actor': 0.5}]; "
+                   "plots.gantt(rec, ['sequential'], out / 'g.png', 't'); "
+                   "plots.reward_curve(rec, ['sequential'], out / 'r.png', 't'); "
+                   "ev = [dict(t=0.0, event='rollout', index=-1), dict(t=0.1, event='launch', index=0, prior=0), "
+                   "dict(t=0.2, event='first_token', index=0), dict(t=1.0, event='end', index=0), "
+                   "dict(t=1.2, event='trained', index=0), dict(t=1.2, event='rollout_end', index=-1)]; "
+                   "ev = [dict(e, step=1, mode='sequential', repeat=0) for e in ev]; "
+                   "print(requests.plot(ev, ['sequential'], out / 'q.png', 't'))", timeout=120)
     for name in ("g.png", "r.png", "q.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
