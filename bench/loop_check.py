@@ -41,6 +41,8 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grpo", ("ppo.advantage=grpo", "rollout.group_size=4", "ppo.kl_in=loss")),
     ("lora", ("lora.rank=16", "lora.alpha=32")),
     ("multiturn", ("rollout.env=scripted", "rollout.max_turns=3", "rollout.turn_tokens=32")),
+    # stragglers parked in the engine at the cut and put back in its queue (in_place is refused on CUDA)
+    ("retract", ("overlap.mode=inter", "overlap.pause_mode=retract")),
 )
 
 KEPT = ("step", "step_s", "reward_mean", "trained_samples", "response_len", "kl", "weight_version",

@@ -5,9 +5,11 @@
 #      generate, release + re-fill the freed memory + resume, weight pushes by CUDA-IPC
 #      (tensor list, flattened bucket), greedy tokens against HF on pushed weights;
 #   2. python -m colocate.bench.loop_check: SmolLM2-shaped random actor + small random
-#      reward model, 3 steps each of sequential, oppo, inter, GRPO, LoRA, multi-turn
-#      (one process, engines kept across parts), with the attention backend colocate's own
-#      rule gives (engine_config.default_attention_backend: triton on the kit); per step: phase seconds, gpu/* memory at each sleep and wake, sync.
+#      reward model, 3 steps each of sequential, oppo, inter, GRPO, LoRA, multi-turn and
+#      inter with retract pauses (one process, engines kept across parts), with the attention
+#      backend colocate's own rule gives (engine_config.default_attention_backend: triton on
+#      the kit) and CUDA graphs as colocate runs them (on, released with the engines;
+#      GRAPHS=0: off); per step: phase seconds, gpu/* memory at each sleep and wake, sync.
 # What comes back ($OUT, refreshed every 15 s so a cut-off run still reports): log.txt,
 # probe.json, summary.json, runs.tgz (each part's metrics.jsonl and config.json).
 #
@@ -20,7 +22,8 @@
 #     bash scripts/gpu_engine_check.sh   # dry run with the GPU image's missing packages hidden
 # Knobs: GPU_CHECK_S (budget, default 420 s), PROBE_S (the probe's share, default 200 s),
 # PARTS (comma list), STEPS, PART_STEPS (e.g. lora=2,grpo=2), BACKENDS (the probe's attention
-# backends, in order), ATTN (the loop's attention backend; given, the probe is skipped).
+# backends, in order), ATTN (the loop's attention backend; given, the probe is skipped),
+# GRAPHS (1: CUDA graphs, colocate's default; 0: engines.cuda_graph=false, as before 2026-11-28).
 set -u
 OUT=${OUT:-runs/gpu-engine-check}
 DEVICE=${DEVICE:-cuda}
@@ -65,8 +68,8 @@ print(default_attention_backend('$DEVICE', compiled_cuda_kernels()) or 'sglang-p
 echo "== loop check, attention $ATTN ($(left) s left)"
 ENG=(--set engines.log_level=warning)
 [ "$ATTN" = sglang-pick ] || ENG+=(--set engines.attention_backend="$ATTN")
-[ "$DEVICE" = cuda ] && ENG+=(--set engines.cuda_graph=false --set engines.sglang.sampling_backend=pytorch
-                             --set engines.sglang.bf16_gemm_backend=torch)
+[ "$DEVICE" = cuda ] && ENG+=(--set engines.sglang.sampling_backend=pytorch --set engines.sglang.bf16_gemm_backend=torch)
+[ "$DEVICE" = cuda ] && [ "${GRAPHS:-1}" = 0 ] && ENG+=(--set engines.cuda_graph=false)
 (while sleep 15; do pack; done) & PACKER=$!
 timeout $(( $(left) > 10 ? $(left) : 10 )) python3 -m colocate.bench.loop_check --device "$DEVICE" --shape "$SHAPE" \
   --steps "$STEPS" --out "$W/loop" --work "$W/models" --deadline-s $(( $(left) - 20 )) \
