@@ -41,6 +41,10 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     if session.actor.device == "cuda":
         weights = session.sync_mb() * 2**20  # the actor's weights in the engine's dtype, a tied head once
         out.update(decode_bound(weights, device_read_bytes_per_s(), out["decode_step_ms"]))
+        # what no release frees: each engine scheduler's CUDA context (one process per TP rank)
+        engines = [e for e in (session.actor, session.reward_engine) if e is not None]
+        out["engine_processes"] = sum(e.cfg.tp_size for e in engines)
+        out["cuda_context_gib"] = cuda_context_bytes() / 2**30
     if session.reward_engine is not None:
         seqs = [s.prompt_ids + s.output_ids for s in samples]
         loop.run_until_complete(rm.score_many(session.reward_engine, [q[:8] for q in seqs], "probw"))
@@ -81,6 +85,32 @@ def device_read_bytes_per_s(size_bytes: int = 2**30, repeats: int = 10) -> float
     del src, dst
     torch.cuda.empty_cache()
     return size_bytes / best
+
+
+def cuda_context_bytes(timeout_s: float = 120.0) -> int:
+    """Device memory one process's CUDA context holds (torch initialised, one tiny tensor on
+    the device): the part of an engine's memory that no release can free. Read as the drop
+    of the device's free memory while a child process holds it; 0 if the child never gets
+    there within ``timeout_s`` (it is killed then)."""
+    import subprocess
+    import sys
+    import threading
+
+    import torch
+
+    code = "import sys, torch; torch.zeros(1, device='cuda'); print('ready', flush=True); sys.stdin.read()"
+    before = torch.cuda.mem_get_info()[0]
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    killer = threading.Timer(timeout_s, child.kill)
+    killer.start()
+    try:
+        held = before - torch.cuda.mem_get_info()[0] if child.stdout.readline().startswith("ready") else 0
+    finally:
+        killer.cancel()
+        child.kill()
+        child.wait()
+    return max(held, 0)
 
 
 def step_bound(rec: dict[str, Any], probe_result: dict[str, float]) -> float:

@@ -58,6 +58,10 @@ def uncontended(records: list[dict[str, Any]], modes: Sequence[str]) -> tuple[li
 TRAJECTORY = ("turns", "tool_calls", "tool_call_rate", "env_tokens")  # per trajectory, multi-turn workloads
 
 
+GPU_MEMORY = ("engines_started_gib", "released_gib", "released_frac", "free_gib_for_training",
+              "train_peak_allocated_gib")
+
+
 def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Sequence[str]) -> dict[str, Any]:
     """Per-mode spreads of the headline metrics and phase times; ratios vs sequential.
     Steps whose update was skipped (non-finite reward) are counted, not averaged; contended
@@ -95,6 +99,8 @@ def summarize(records: list[dict[str, Any]], probe: dict[str, float], modes: Seq
             summary[mode]["train_tokens"] = {
                 "computed": spread([r["train/tokens_computed"] for r in rows if "train/tokens_computed" in r]),
                 "samples": spread([r["train/tokens_samples"] for r in rows if "train/tokens_samples" in r])}
+        if any("gpu/released_gib" in r for r in rows):  # CUDA: the engines' memory at each sleep
+            summary[mode]["gpu"] = {k: spread([r[f"gpu/{k}"] for r in rows if f"gpu/{k}" in r]) for k in GPU_MEMORY}
         if any("rollout/turns" in r for r in rows):  # multi-turn trajectories
             summary[mode]["trajectories"] = {k: spread([r.get(f"rollout/{k}", 0.0) for r in rows]) for k in TRAJECTORY}
     return summary
@@ -171,6 +177,7 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
             if t:
                 lines.append(f"| {mode} | {fmt(t['turns'], 2)} | {fmt(t['tool_calls'], 2)} | "
                              f"{fmt(t['tool_call_rate'], 2)} | {fmt(t['env_tokens'], 1)} |")
+    lines += gpu_memory_lines(summary, probe)
     guard = contention_line(summary, limit_cores)
     if guard:
         lines += ["", guard]
@@ -185,6 +192,37 @@ def markdown(workload: str, summary: dict[str, Any], peer_info: dict[str, Any] |
     lines += ["", "Cells: median [min–max] over measured steps (ratios: over repeats). bound efficiency = "
               "lower-bound step time / measured step time (1.0 = at the bound)."]
     return "\n".join(lines)
+
+
+def beyond_contexts(released_gib: float, engines_gib: float, processes: int, context_gib: float) -> float:
+    """The share of the engines' memory a release gave back, not counting their processes'
+    CUDA contexts (which no release frees): issue 53's >= 90 % target."""
+    held = engines_gib - processes * context_gib
+    return released_gib / held if held > 0 else float("nan")
+
+
+def gpu_memory_lines(summary: dict[str, Any], probe: dict[str, float]) -> list[str]:
+    """The GPU memory table (CUDA runs): what the engines took, what each release gave back
+    (of all of it, and beyond their CUDA contexts where the probe measured one), what was
+    free for training and the trainer's peak."""
+    rows = {m: s["gpu"] for m, s in summary.items() if "gpu" in s}
+    if not rows:
+        return []
+    ctx, n = probe.get("cuda_context_gib"), probe.get("engine_processes")
+    out = ["", "| mode | engines at start GiB | released GiB | released frac | beyond CUDA contexts | "
+           "free for training GiB | trainer peak GiB |", "|---|---|---|---|---|---|---|"]
+    for mode, g in rows.items():
+        beyond = "n/a"
+        if ctx and n:
+            fracs = [beyond_contexts(g["released_gib"][k], g["engines_started_gib"]["median"], n, ctx)
+                     for k in ("median", "min", "max")]
+            beyond = f"{fracs[0]:.3f} [{fracs[1]:.3f}–{fracs[2]:.3f}]"
+        out.append(f"| {mode} | {fmt(g['engines_started_gib'])} | {fmt(g['released_gib'])} | "
+                   f"{fmt(g['released_frac'], 3)} | {beyond} | {fmt(g['free_gib_for_training'])} | "
+                   f"{fmt(g['train_peak_allocated_gib'])} |")
+    if ctx and n:
+        out += ["", f"CUDA contexts: {n} engine processes × {ctx:.2f} GiB (an empty torch process's, measured)"]
+    return out
 
 
 def peer_label(peer_info: dict[str, Any]) -> str:

@@ -253,3 +253,19 @@ def test_the_decode_bound_is_the_weights_read_once_at_the_measured_bandwidth_and
     assert "decode step at batch 64: 3.96 ms, 12.0x its bound of 0.33 ms" in text
     assert "decode step at batch" not in markdown("w", summarize([], {}, ["sequential"]), None,
                                                   {"decode_tokens_per_s": 1.0, "probe_batch": 1})
+
+
+def test_the_gpu_memory_table_gives_the_release_beyond_the_engines_cuda_contexts():
+    """Issue 53's release target counts the memory the engines hold beyond their processes'
+    CUDA contexts: the H100 run's steps (5.69 GiB at start, 4.58 and 4.49 released) against
+    two contexts of 0.5 GiB give 4.58 / 4.69 and 4.49 / 4.69. A CPU run has no table."""
+    gpu = [{"gpu/engines_started_gib": 5.69, "gpu/released_gib": got, "gpu/released_frac": got / 5.69,
+            "gpu/free_gib_for_training": 75.65, "gpu/train_peak_allocated_gib": 29.5} for got in (4.58, 4.49)]
+    records = [_rec("sequential", 0, 6.0) | gpu[0], _rec("sequential", 0, 6.2) | gpu[1]]
+    probe = {"decode_tokens_per_s": 1.0, "probe_batch": 64, "cuda_context_gib": 0.5, "engine_processes": 2}
+    text = markdown("w", summarize(records, probe, ["sequential"]), None, probe)
+    assert "| sequential | 5.69 [5.69–5.69] | 4.54 [4.49–4.58] | 0.797 [0.789–0.805] | 0.967 [0.957–0.977] |" in text
+    assert "2 engine processes × 0.50 GiB" in text
+    no_ctx = markdown("w", summarize(records, {}, ["sequential"]), None, {})
+    assert "| 0.797 [0.789–0.805] | n/a | 75.65 [75.65–75.65] | 29.50 [29.50–29.50] |" in no_ctx
+    assert "released GiB" not in markdown("w", summarize([_rec("sequential", 0, 6.0)], {}, ["sequential"]), None, {})
