@@ -314,7 +314,7 @@ class PPOTrainer:
         every rank (``everywhere``: each rank's engine gets the weights). Collective.
         LoRA: the adapted linears' merged weights, with ``adapted_only`` nothing else (the
         rest is the frozen base, which an engine holds unless it served other weights).
-        A tied head is left out (`tied_copies`: the engine ties it to the embeddings)."""
+        Full fine-tuning leaves a tied head out (`tied_copies`: the engine ties it itself)."""
         if self.settings.lora.on_actor:
             merged = {name: t.to("cpu", copy=True) for name, t in self.actor_tensors(adapted_only)}
             return merged if everywhere or self.dist.is_main else {}
@@ -325,13 +325,14 @@ class PPOTrainer:
     def actor_tensors(self, adapted_only: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's full HF-named tensors one at a time on the training device (CUDA: the
         device-to-device weight push); LoRA: the adapted linears' merged weights, and with
-        ``adapted_only`` off the frozen base's other tensors too. A tied head is left out.
-        Lazy and collective: every rank iterates it to the end."""
-        tied = self._tied()
+        ``adapted_only`` off the frozen base's other tensors too. Full fine-tuning leaves a tied
+        head out (`tied_copies`; a PEFT model's names never match it). Lazy and collective:
+        every rank iterates it to the end."""
         if self.settings.lora.on_actor:
-            keep = (lambda n: adapted_weight(n)) if adapted_only else (lambda n: n not in tied)
+            keep = adapted_weight if adapted_only else None
             return merged_weights(full_tensors(self.actor, keep=keep), self.settings.lora.scaling,
                                   others=not adapted_only)
+        tied = self._tied()
         return full_tensors(self.actor, keep=lambda n: n not in tied)
 
     def _tied(self) -> frozenset[str]:

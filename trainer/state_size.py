@@ -2,8 +2,9 @@
 
 Owns: `state_mib` (the local shards of parameters, gradients and optimizer moments a rank
 holds), `sync_numels` (the elements a weight sync pushes, whole or under LoRA the adapted
-weights only), `tied_copies` (the state's names a push leaves out: a tied head) and `saved_shapes` (the global shapes a checkpoint's state dict holds, to
-check a checkpoint before loading it). Leaves out: the models and what is done with the
+weights only), `tied_copies` (the state's names a push leaves out: a tied head) and
+`saved_shapes` (the global shapes a checkpoint's state dict holds, to check a checkpoint
+before loading it). Leaves out: the models and what is done with the
 counts (`trainer/ppo_trainer.py`, `colocate/run/`).
 """
 
@@ -40,8 +41,7 @@ def tied_copies(model: nn.Module) -> frozenset[str]:
     if not getattr(config, "tie_word_embeddings", False):
         return frozenset()
     keys = getattr(model, "_tied_weights_keys", None) or {}
-    names = set(keys) & set(model.state_dict())
-    return frozenset(n for n in names if not adapted_weight(n))
+    return frozenset(set(keys) & set(model.state_dict()))
 
 
 def sync_numels(actor: nn.Module, lora: bool) -> tuple[int, int]:
