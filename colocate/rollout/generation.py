@@ -22,7 +22,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from colocate.monitor.timeline import Timeline, mark
-from colocate.rollout.sample import MultiTurn, OnTokens, Sample, Status, check_budget
+from colocate.rollout.sample import MultiTurn, OnTokens, Sample, check_budget
 
 if TYPE_CHECKING:
     from colocate.engine.runtime import SglangEngine
@@ -77,9 +77,8 @@ async def stream_sample(
     first. ``go_on()``: awaited after each answer, before the next turn's request (when no
     request is in flight for an abort to reach): False ends the trajectory there as
     ``abort`` (the step cut it); it may also wait (a trajectory parked between steps).
-    The sample is running meanwhile, and at the end finished (stop or length) or deferred
-    (cut: its partial waits for a later step)."""
-    sample.status = Status.RUNNING
+    It ends finished (``finish_reason`` stop or length) or cut (abort: its partial waits
+    for a later step); the sample's status is the schedule's (``colocate.rollout.schedule``)."""
     while True:
         if turns is not None and sample.awaiting_env:
             if not await _answer(engine, sample, turns, on_tokens, timeline):
@@ -94,7 +93,6 @@ async def stream_sample(
         if turns is None or not _turn_ended(sample):
             break
         sample.awaiting_env = True
-    sample.settle()
     mark(timeline, "end", sample.index, reason=sample.finish_reason, tokens=len(sample.output_ids))
     return sample
 

@@ -68,10 +68,10 @@ def group_member(index: int, n: int) -> tuple[int | None, int]:
 class Status(str, enum.Enum):
     """Where a sample is in its life (``Sample.status``): made and not yet sent (waiting), its
     request in the engine or its environment answering (running), its request kept paused
-    in the engine across a step boundary (parked, ``colocate.rollout.schedule``), ended by a stop token,
-    its budget or its environment (finished: to score and train, now or in a later batch),
-    or cut at a step's end with its partial kept for a later step (deferred). Checkpoints
-    store the value (a plain string)."""
+    in the engine across a step boundary (parked), ended by a stop token, its budget or its
+    environment (finished: to score and train, now or in a later batch), or cut at a step's
+    end with its partial kept for a later step (deferred). Only the step's schedule
+    (``colocate.rollout.schedule``) changes it. Checkpoints store the value (a plain string)."""
 
     WAITING = "waiting"
     RUNNING = "running"
@@ -116,8 +116,14 @@ class Sample:
         self.status = Status(self.status)  # a stored value back to its member
 
     def state(self) -> dict[str, Any]:
-        """The sample as plain JSON/torch-safe values (the status as its string)."""
-        return {**dataclasses.asdict(self), "status": self.status.value}
+        """The sample as plain JSON/torch-safe values (the status as its string). A request
+        does not outlive the process: a sample running or parked is saved as deferred, cut
+        here (``abort``), which is what an abort at this point gives; a resumed run sends its
+        rest as a new request."""
+        state = {**dataclasses.asdict(self), "status": self.status.value}
+        if self.status in (Status.RUNNING, Status.PARKED):
+            state |= {"status": Status.DEFERRED.value, "finish_reason": "abort"}
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Sample:
@@ -128,6 +134,12 @@ class Sample:
         """Its status once its stream ended, from the engine's finish reason: finished on
         stop or length, else deferred (cut by the step; its partial waits for a later one)."""
         self.status = Status.FINISHED if self.finish_reason in ENDED else Status.DEFERRED
+
+    @property
+    def done(self) -> bool:
+        """Finished and scored: nothing is left but training it. A stream that ended while
+        parked is finished, not done: a step adopts it to score it."""
+        return self.status is Status.FINISHED and self.score is not None
 
     @property
     def group_id(self) -> int:

@@ -28,12 +28,18 @@ KV is recomputed under the new weights); :class:`LiveRequests`, the open streams
 parked stragglers between steps, and :class:`Relay`, which hands a parked stream's new
 tokens to whichever step consumes them.
 
-The scheduler never sees a parked stream: at the cut it gets a frozen copy of the sample
-(the partial as of the cut, deferred with ``finish_reason="abort"``, exactly what ``abort``
-gives; the stream's own sample is parked, ``Status.PARKED``, until a step adopts it), and
-checkpoints carry that copy, so a resumed run re-generates from it and nothing is trained
-twice. When a later step launches the sample again it adopts the live stream instead of
-sending a new request: the tokens produced meanwhile, and the finish, are already there.
+A parked sample is one object, never copied: the step hands back the stream's own
+sample, ``Status.PARKED``, and it waits among the deferred ones, growing while its stream
+runs on (until the engine pauses). When a later step launches it again, it adopts the
+live stream instead of sending a new request: the tokens produced meanwhile, and the
+finish, are already there; a stream that ended while parked is finished but not scored
+(not ``Sample.done``), so the scheduler launches it again and the step scores it without
+a request. A checkpoint saves a parked sample as an abort at that point gives it
+(``Sample.state``), so a resumed run re-generates its rest and nothing is trained twice.
+
+Every change of a sample's status happens here: running while its stream runs, parked,
+then finished or deferred as its stream ends (``Sample.settle``, whichever step or none
+is consuming it).
 
 Leaves out: which samples to launch and what to defer (``colocate.rollout.scheduler``), when the
 engine continues after a weight sync (the time-sharing, after the KV wake), training.
@@ -117,14 +123,6 @@ class LiveRequest:
         return len(self.sample.output_ids) > self.start_len
 
 
-def frozen(sample: Sample) -> Sample:
-    """The scheduler's copy of a parked sample: its partial as of now."""
-    return dataclasses.replace(sample, output_ids=list(sample.output_ids), logprobs=list(sample.logprobs),
-                               versions=list(sample.versions), loss_mask=list(sample.loss_mask),
-                               observations=list(sample.observations), finish_reason="abort",
-                               status=Status.DEFERRED)
-
-
 class LiveRequests:
     """Streams of parked stragglers, by sample index."""
 
@@ -173,9 +171,10 @@ class LiveRequests:
             await asyncio.wait([r.task for r in reqs], timeout=timeout_s)
             for r in reqs:
                 if not r.task.done():
-                    r.task.cancel()
+                    r.task.cancel()  # its stream settles the sample as it ends (`_life`)
                 elif not r.task.cancelled():
                     r.task.exception()  # seen: an aborted stream's error is no one's
+            await asyncio.gather(*(r.task for r in reqs), return_exceptions=True)
         return len(reqs)
 
 
@@ -238,7 +237,6 @@ class _Run:
     score_at_end: bool = False  # finished samples are scored together after generation (``score_all``)
     aborted: set[int] = dataclasses.field(default_factory=set)  # samples the cut aborted
     streams: dict[int, LiveRequest] = dataclasses.field(default_factory=dict)
-    current: dict[int, Sample] = dataclasses.field(default_factory=dict)  # index -> the object in use
 
     def next_turn(self, index: int, relay: Relay):
         """When trajectory ``index`` may send its next turn: never once this step's cut
@@ -249,15 +247,36 @@ class _Run:
         return go_on
 
     def start(self, sample: Sample, tag: str, stream) -> Sample:
+        """``sample``'s stream this step: its parked one adopted from ``live``, or a new one
+        (none for a sample whose stream ended while parked: it is only scored)."""
         req = self.live.adopt(sample.index) if self.live is not None else None
         if req is None:
             relay = Relay()
-            req = LiveRequest(sample, asyncio.ensure_future(stream(sample, relay)), relay, tag, len(sample.output_ids))
+            req = LiveRequest(sample, asyncio.ensure_future(_life(sample, lambda: stream(sample, relay))), relay, tag,
+                              len(sample.output_ids))
         else:
-            mark(self.timeline, "adopt", sample.index, prior=len(req.sample.output_ids))
+            if req.sample is not sample:
+                raise RuntimeError(f"sample {sample.index}: launched as another object than its parked stream's")
+            mark(self.timeline, "adopt", sample.index, prior=len(sample.output_ids))
         self.streams[sample.index] = req
-        self.current[sample.index] = req.sample
-        return req.sample
+        return sample
+
+
+async def _life(sample: Sample, stream) -> Sample:
+    """A sample's stream and its status around it: running while it streams (parked while
+    a later step has not adopted it), then finished or deferred as it ends, however it ends
+    (cancelled: cut where it was). A sample that finished before (its stream ended while
+    parked, and is gone) sends nothing."""
+    if sample.status is Status.FINISHED:
+        return sample
+    sample.status = Status.RUNNING
+    try:
+        await stream()
+    finally:
+        if sample.finish_reason is None:
+            sample.finish_reason = "abort"  # cancelled mid-request: its partial is what came
+        sample.settle()
+    return sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,8 +310,8 @@ class Schedule:
         ``score``, which scores one-shot what did not stream); after ``cut_after`` groups have
         all their launched members finished and scored, stop the rest: abort them
         (``pause_mode="abort"``), or pause the engine and park their streams in ``live``
-        (``in_place``/``retract``; the unfinished samples handed back are frozen copies, see
-        :func:`frozen`). A launched sample parked in ``live`` by an earlier step continues its
+        (``in_place``/``retract``; the unfinished samples handed back are those streams'
+        own samples, ``Status.PARKED``). A launched sample parked in ``live`` by an earlier step continues its
         stream instead of sending a new request. With ``turns`` each sample is a multi-turn
         trajectory (``colocate.rollout.generation.stream_sample``): an abort reaches it
         mid-turn (its request) or between turns (after the environment's answer); parked, its
@@ -323,12 +342,12 @@ class Schedule:
             if cut_after is not None and len(groups_done) == cut_after and clock.cut is None:
                 clock.cut = time.perf_counter()
                 mark(timeline, "cut")
-                stragglers = [i for i in run.current if i not in clock.last_token]
+                stragglers = [i for i in run.streams if i not in clock.last_token]
                 if pause_mode == "abort":
                     for i in stragglers:
                         mark(timeline, "aborted", i)
                         run.aborted.add(i)
-                        generation.abort(actor, run.current[i], tag)
+                        generation.abort(actor, run.streams[i].sample, tag)
                 else:
                     parking.append(asyncio.ensure_future(
                         _park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
@@ -354,7 +373,7 @@ class Schedule:
         mark(timeline, "rollout_end")
         done = {s.index for s in completed}
         first = set(groups_done if cut_after is None else groups_done[:cut_after])
-        return OverlapResult(completed, [run.current.get(s.index, s) for s in samples if s.index not in done],
+        return OverlapResult(completed, [s for s in samples if s.index not in done],
                              _timings(clock, [s for s in completed if s.group_id in first], end))
 
     async def run_then_score(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int,
@@ -385,20 +404,19 @@ async def _generate_then_score(actor, samples: Sequence[Sample], sampling: dict[
         raise
     generated = time.perf_counter()
     mark(run.timeline, "score")
-    current = [run.current.get(s.index, s) for s in samples]
-    ended = [s for s in current if s.finished]
+    ended = [s for s in samples if s.finished]
     for sample, value in zip(ended, await score_all(ended, f"{tag}rm", step)):
         sample.score = value
     end = time.perf_counter()
     mark(run.timeline, "rollout_end")
-    return OverlapResult(ended, [s for s in current if not s.finished],
+    return OverlapResult(ended, [s for s in samples if not s.finished],
                          {"generate": generated - clock.start, "reward_tail": end - generated})
 
 
 async def _park(actor, mode: str, stragglers: Sequence[int], run: _Run, tasks, client, step: int,
                 clock_scored: dict[int, float]) -> None:
     """Pause the engine with the stragglers in it; their step tasks end, their streams are
-    parked in ``run.live`` and the step hands back frozen copies."""
+    parked in ``run.live`` and the step hands back their samples, parked."""
     await actor.pause(mode)
     for i in stragglers:
         if i in clock_scored:
@@ -410,7 +428,6 @@ async def _park(actor, mode: str, stragglers: Sequence[int], run: _Run, tasks, c
         if req is not None:
             mark(run.timeline, "parked", i, tokens=len(req.sample.output_ids))
             run.live.park(req)
-            run.current[i] = frozen(req.sample)
         if client is not None:
             client.forget(step, i)
 
@@ -438,7 +455,7 @@ async def _stop(actor, run: _Run, tasks, tag: str, client: ScoreClient | None, s
         t.cancel()
     await asyncio.gather(*tasks, *(r.task for r in run.streams.values()), return_exceptions=True)
     if client is not None:
-        for i in run.current:
+        for i in run.streams:
             client.forget(step, i)
 
 

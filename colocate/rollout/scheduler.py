@@ -20,7 +20,9 @@ properties; the values were checked when the config was loaded (``colocate.confi
 
 Samples that finish *after* the first B of a step are not thrown away and not trained
 late in the same step: they are deferred as complete samples and trained first next step
-(``Plan.ready``), so every step trains exactly B when at least B finish.
+(``Plan.ready``), so every step trains exactly B when at least B finish. Complete means
+done (``Sample.done``: finished and scored); a parked sample whose stream ended while it
+waited is finished but unscored, and is launched again, for the step to score it.
 
 Leaves out: the samples themselves between steps, their prompts and indices (the data
 source, ``colocate.rollout.data_source``), generating, aborting and resuming on the engine
@@ -109,10 +111,10 @@ class Plan:
     """What one step runs: ``ready`` + ``waiting`` + ``launch`` together are the B+Δ
     samples (groups)."""
 
-    launch: list[Sample]  # to generate: deferred partials (oldest first), then new samples
+    launch: list[Sample]  # to generate: deferred partials and parked ones (oldest first), then new samples
     ready: list[Sample]  # complete samples (groups) deferred last step: trained first, not generated
     dropped: list[Sample]  # too stale to train on: never trained, report them
-    resumed: int  # how many of ``launch`` are deferred partials
+    resumed: int  # how many of ``launch`` are deferred (partials, parked, or ended unscored)
     delta: int
     waiting: list[Sample] = dataclasses.field(default_factory=list)  # finished members of launched groups
     kept: list[Sample] = dataclasses.field(default_factory=list)  # deferred samples this step does not take
@@ -181,14 +183,14 @@ class LengthAwareScheduler:
         dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
         keep = [g for g, bad in zip(groups, stale) if not bad]
         pool = self.batch_groups + (self.delta if defer else 0)
-        ready = [g for g in keep if all(s.finished for s in g)][:pool]
-        partial = [g for g in keep if not all(s.finished for s in g)][: pool - len(ready)]
+        ready = [g for g in keep if all(s.done for s in g)][:pool]
+        partial = [g for g in keep if not all(s.done for s in g)][: pool - len(ready)]
         taken = {g[0].group_id for g in ready + partial}
         kept = [s for g in keep if g[0].group_id not in taken for s in g]
-        resumed = [s for g in partial for s in g if not s.finished]
+        resumed = [s for g in partial for s in g if not s.done]
         launch = resumed + self._fresh(fresh, pool - len(ready) - len(partial))
         self._ready = [s for g in ready for s in g]
-        self._waiting = [s for g in partial for s in g if s.finished]
+        self._waiting = [s for g in partial for s in g if s.done]
         self._in_flight = {s.index for s in launch}
         return Plan(launch, list(self._ready), dropped, len(resumed), self.delta if defer else 0,
                     list(self._waiting), kept)

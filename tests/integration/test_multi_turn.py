@@ -138,8 +138,8 @@ def test_deferred_between_turns_resumes_to_the_uninterrupted_trajectory(actor_en
 
 
 def test_deferred_while_awaiting_the_environment_asks_it_on_resume(actor_engine, tokenizer):
-    """A checkpoint taken while the environment had not answered (a parked stream's frozen
-    copy): the resumed trajectory asks it first, then goes on exactly."""
+    """A checkpoint taken while the environment had not answered (a parked trajectory, saved
+    as an abort there gives it): the resumed trajectory asks it first, then goes on exactly."""
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES)).multi_turn()
     full = _uninterrupted(actor_engine, tokenizer, turns)
     first = full.mask().index(0)  # the first model turn's tokens
@@ -249,21 +249,22 @@ def test_a_trajectory_parked_between_turns_waits_for_the_next_step_then_goes_on_
     first = run(actor_engine, schedule.Schedule(actor_engine, pause_mode="in_place", live=live, turns=turns).run(
         [a, b], GREEDY, 0, cut_after=1))
     assert [s.index for s in first.completed] == [20] and 1 in live
-    (frozen,) = first.unfinished
-    assert frozen.awaiting_env and frozen.turns == 1  # cut between turns: the environment was answering
+    (cut,) = first.unfinished
+    assert cut.awaiting_env and cut.turns == 1  # cut between turns: the environment was answering
 
     async def parked_for(seconds):
         await asyncio.sleep(seconds)
 
     run(actor_engine, parked_for(1.5))  # the answer arrives meanwhile; no next turn is sent
     parked = live._live[1].sample
+    assert parked is cut  # one object, never copied
     assert len(parked.observations) == 1 and parked.mask()[-1] == 0 and not parked.awaiting_env
     served = actor_engine.requests
     run(actor_engine, parked_for(0.5))
     assert actor_engine.requests == served and parked.turns == 1
 
     second = run(actor_engine, schedule.Schedule(actor_engine, pause_mode="in_place", live=live, turns=turns).run(
-        [frozen], GREEDY, 1))
+        [cut], GREEDY, 1))
     (done,) = second.completed
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
     assert not len(live)

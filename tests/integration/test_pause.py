@@ -71,9 +71,10 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
     assert [s.index for s in res.completed] == [0]
     assert actor_engine.paused == mode and len(live) == 3
     assert res.completed[0].status is Status.FINISHED
-    for s in res.unfinished:  # the scheduler's frozen copies: partials, like an abort gives
-        assert s.finish_reason == "abort" and 0 < len(s.output_ids) < s.max_new_tokens
-        assert s.index in live and s.status is Status.DEFERRED
+    for s in res.unfinished:  # the parked streams' own samples (never copied): partials, saved as an abort gives
+        assert s.finish_reason is None and 0 < len(s.output_ids) < s.max_new_tokens
+        assert live._live[s.index].sample is s and s.status is Status.PARKED
+        assert (s.state()["finish_reason"], s.state()["status"]) == ("abort", "deferred")
     sent = actor_engine.requests
     res2 = run(schedule.Schedule(actor_engine, pause_mode=mode, live=live).run(res.unfinished, GREEDY, 2))
     assert actor_engine.requests == sent  # adopted: no new request, nothing re-prefilled by us
@@ -105,17 +106,19 @@ def test_after_a_weight_update_tokens_carry_versions_and_behaviour_logprobs(engi
     v0 = actor_engine.weight_version
     live = LiveRequests()
     res = _cut(actor_engine, mode, live)
+    at_cut = {s.index: list(s.output_ids) for s in res.unfinished}  # the partials as of the cut
     try:
         actor_engine.update_weights(buckets(new, 20_000), version=v0 + 1)
         res2 = run(schedule.Schedule(actor_engine, pause_mode=mode, live=live).run(res.unfinished, GREEDY, 2))
         assert len(res2.completed) == 3
         for s in res2.completed:
-            frozen = next(f for f in res.unfinished if f.index == s.index)
+            assert any(f is s for f in res.unfinished)  # the parked sample itself went on
+            partial = at_cut[s.index]
             k = s.versions.count(v0)
-            # versions: the old weights' tokens first (at least those of the frozen partial), then the new
+            # versions: the old weights' tokens first (at least those of the partial at the cut), then the new
             assert s.versions == [v0] * k + [v0 + 1] * (s.max_new_tokens - k)
-            assert len(frozen.output_ids) <= k < s.max_new_tokens
-            assert s.output_ids[:len(frozen.output_ids)] == frozen.output_ids
+            assert len(partial) <= k < s.max_new_tokens
+            assert s.output_ids[:len(partial)] == partial
             if mode == "retract":  # KV recomputed under the new weights: a fresh request's continuation
                 fresh = Sample(50 + s.index, s.prompt_ids + s.output_ids[:k], s.max_new_tokens - k)
                 run(generation.generate(actor_engine, [fresh], GREEDY, "fresh"))
@@ -194,7 +197,8 @@ def test_a_straggler_that_finishes_while_the_pause_is_on_its_way_is_a_finished_s
         done = {s.index: s for s in res.completed}
         assert 1 in done and done[1].finish_reason == "length" and len(done[1].output_ids) == 24
         assert 1 not in live and all(s.index != 1 for s in res.unfinished)
-        assert {s.index for s in res.unfinished} == {2, 3} and all(s.finish_reason == "abort" for s in res.unfinished)
+        assert {s.index for s in res.unfinished} == {2, 3}
+        assert all(s.status is Status.PARKED and s.state()["finish_reason"] == "abort" for s in res.unfinished)
     finally:
         actor_engine.loop.run_until_complete(live.discard(actor_engine))
     assert actor_engine.paused is None
@@ -206,8 +210,8 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
     continued the engine (every parked request with it) but launched only what fits, and
     nothing paused the engine again: the weight sync met requests running, unconsumed, and
     SGLang refused the cache flush (on CUDA the release would wait for them). Such a step
-    now ends the parked requests it does not launch (their frozen copies stay deferred and
-    resume as prompt + partial)."""
+    now ends the parked requests it does not launch (their samples stay deferred, cut there,
+    and resume as prompt + partial)."""
     from colocate.config import load_config
     from colocate.run import builder, loop as ppo_loop
     from colocate.run.phases import StepPhases

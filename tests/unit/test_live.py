@@ -1,12 +1,13 @@
-"""Parking (colocate/rollout/schedule.py) without an engine: which pause modes run where, the frozen copy the
-scheduler sees, the relay of a parked stream's tokens."""
+"""Parking (colocate/rollout/schedule.py) without an engine: which pause modes run where, how a
+parked sample is saved and when it is done, its status around its stream, the relay of a parked
+stream's tokens."""
 
 import asyncio
 
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.rollout.schedule import LiveRequest, LiveRequests, Relay, check_pause_mode, frozen
+from colocate.rollout.schedule import LiveRequest, LiveRequests, Relay, _life, check_pause_mode
 from colocate.rollout.sample import Sample, Status
 
 
@@ -20,15 +21,64 @@ def test_pause_mode_decisions():
         check_pause_mode("later", "cpu")
 
 
-def test_frozen_copy_is_the_partial_as_of_now_and_does_not_grow_with_the_stream():
-    live = Sample(3, [1, 2], 10, output_ids=[5, 6], logprobs=[-0.1, -0.2], versions=[0, 0], attempts=1, group=1)
-    copy = frozen(live)
+def test_a_parked_sample_is_saved_as_the_partial_an_abort_at_that_point_gives():
+    """One object, never copied: the scheduler defers the parked sample itself; a checkpoint
+    saves it as an abort now gives it (its request does not outlive the process)."""
+    live = Sample(3, [1, 2], 10, output_ids=[5, 6], logprobs=[-0.1, -0.2], versions=[0, 0], attempts=1, group=1,
+                  status=Status.PARKED)
+    saved = live.state()
     live.output_ids.append(7), live.logprobs.append(-0.3), live.versions.append(1)
-    live.finish_reason = "stop"
-    assert (copy.output_ids, copy.logprobs, copy.versions) == ([5, 6], [-0.1, -0.2], [0, 0])
-    assert copy.finish_reason == "abort" and not copy.finished  # the scheduler defers it as a partial
-    assert copy.status is Status.DEFERRED and live.status is Status.WAITING  # the stream's own sample: not the copy
+    assert (saved["output_ids"], saved["logprobs"], saved["versions"]) == ([5, 6], [-0.1, -0.2], [0, 0])
+    copy = Sample.from_state(saved)
+    assert copy.finish_reason == "abort" and not copy.finished  # a resumed run defers it as a partial
+    assert copy.status is Status.DEFERRED and live.status is Status.PARKED and live.finish_reason is None
     assert (copy.index, copy.group, copy.attempts, copy.remaining) == (3, 1, 1, 8)
+    running = Sample(4, [1], 8, output_ids=[5], logprobs=[-0.1], versions=[0], status=Status.RUNNING)
+    assert (running.state()["status"], running.state()["finish_reason"]) == ("deferred", "abort")
+
+
+def test_done_is_finished_and_scored():
+    """A stream that ended while parked is finished, not done: the scheduler launches it again to be scored."""
+    ended = Sample(1, [1], 4, output_ids=[5], logprobs=[0.0], versions=[0], finish_reason="stop", status=Status.FINISHED)
+    assert ended.finished and not ended.done
+    assert Sample.from_state(ended.state()).status is Status.FINISHED  # saved as it is, still unscored
+    ended.score = 0.5
+    assert ended.done
+    assert not Sample(2, [1], 4, finish_reason="abort", status=Status.DEFERRED, score=0.5).done
+
+
+def test_a_sample_is_running_while_its_stream_runs_and_settles_however_it_ends():
+    loop = asyncio.new_event_loop()
+    try:
+        seen = []
+
+        def stream_ending(reason):
+            async def stream():
+                seen.append(sample.status)
+                sample.finish_reason = reason
+            return stream
+
+        sample = Sample(1, [1], 8)
+        loop.run_until_complete(_life(sample, stream_ending("stop")))
+        assert seen == [Status.RUNNING] and sample.status is Status.FINISHED
+        loop.run_until_complete(_life(sample, stream_ending("length")))  # finished before: no stream
+        assert seen == [Status.RUNNING] and sample.finish_reason == "stop"
+        cut = Sample(2, [1], 8)
+        loop.run_until_complete(_life(cut, stream_ending("abort")))
+        assert cut.status is Status.DEFERRED
+
+        async def forever():
+            await asyncio.sleep(60)
+
+        hung = Sample(3, [1], 8)
+        task = loop.create_task(_life(hung, forever))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert hung.status is Status.RUNNING
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        assert hung.status is Status.DEFERRED and hung.finish_reason == "abort"  # cut where it was
+    finally:
+        loop.close()
 
 
 def test_relay_forwards_to_its_current_target_or_to_nobody():

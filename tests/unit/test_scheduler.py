@@ -58,7 +58,8 @@ def select(sched, data, ended):
 
 
 def grow(sample, n, version, finish=None):
-    """Pretend the engine generated ``n`` tokens (capped by the budget) under ``version``."""
+    """Pretend the engine generated ``n`` tokens (capped by the budget) under ``version``, and
+    the step scored the sample if it finished (as ``Schedule.run`` scores what finishes)."""
     n = min(n, sample.remaining)
     sample.output_ids += [7] * n
     sample.logprobs += [-0.5] * n
@@ -66,6 +67,7 @@ def grow(sample, n, version, finish=None):
     sample.attempts += 1
     sample.finish_reason = finish or ("length" if sample.remaining == 0 else "abort")
     sample.settle()
+    sample.score = 0.0 if sample.finished else None
 
 
 def test_reward_slope_is_least_squares():
