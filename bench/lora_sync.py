@@ -226,12 +226,13 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from colocate.assets.models import build_shaped_causal_lm
-    from colocate.trainer.lora import LoraSettings, add_lora
+    from colocate.trainer.lora import add_lora
+    from colocate.trainer.sections import LoraConfig
 
     with tempfile.TemporaryDirectory(prefix="colocate-lora-sync-") as tmp:
         path = opts.model or str(build_shaped_causal_lm(Path(tmp) / opts.shape, opts.shape, seed=opts.seed))
-        settings = LoraSettings(rank=opts.rank, alpha=opts.alpha, target_modules=opts.targets)
-        peft_model = add_lora(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), settings).eval()
+        lora = LoraConfig(rank=opts.rank, alpha=opts.alpha, target_modules=opts.targets)
+        peft_model = add_lora(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), lora).eval()
         vocab = peft_model.config.vocab_size
         g = torch.Generator().manual_seed(opts.seed)
         prompts = [torch.randint(3, vocab, (opts.prompt_tokens,), generator=g).tolist() for _ in range(opts.prompts)]

@@ -90,7 +90,7 @@ def compare_step(trainer, plain: PlainLoop, batch, kl_coef: float, device: torch
     base = trainer.settings
     modes = {}
     for name, packing in (("padded", False), ("packed", True)):
-        trainer.settings = dataclasses.replace(base, packing=packing)
+        trainer.settings = dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, packing=packing))
         modes[name] = one_step(trainer, batch, kl_coef, device)
     trainer.settings = base
     modes["plain"] = {"seconds": plain.step(batch)}

@@ -3,7 +3,10 @@
 Owns: every knob of a run with its default, loading a YAML file and ``--set
 section.field=value`` overrides into the dataclass tree (``colocate.overrides`` coerces them
 to the fields' types), and the checks of the whole tree (``validate``), each failure one
-:class:`~colocate.errors.ConfigError` line.
+:class:`~colocate.errors.ConfigError` line. The ``ppo`` and ``lora`` sections are the
+trainer's own (``colocate.trainer.sections``: `PPOConfig`, `LoraConfig`, re-exported here),
+which check their values as they are built; loading turns such a failure into the same
+one-line ``ConfigError``.
 
 Leaves out: what the values do (each component reads its own section).
 """
@@ -17,9 +20,11 @@ from typing import Any, Literal
 import yaml
 
 from colocate.modes import DEFERRED, STREAMED
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, TrainerConfigError
 from colocate.config_checks import RULES, validate
 from colocate.overrides import apply_updates, names, parse_overrides
+# the trainer's sections, defined once where the trainer takes them (no torch); each checks its own values
+from colocate.trainer.sections import LoraConfig, PPOConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,65 +106,6 @@ class RewardConfig:
     def fn_names(self) -> tuple[str, ...]:
         """``fns``'s entries, in order."""
         return names(self.fns)
-
-
-@dataclasses.dataclass(frozen=True)
-class PPOConfig:
-    epochs: int = 2
-    minibatches: int = 2
-    clip_eps: float = 0.2
-    value_clip_eps: float = 0.2
-    gamma: float = 1.0
-    lam: float = 1.0  # 1: Monte-Carlo returns minus the critic's baseline (no bias from an untrained critic)
-    actor_lr: float = 1e-5
-    critic_lr: float = 3e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    kl_kind: Literal["fixed", "adaptive"] = "adaptive"
-    kl_coef: float = 0.05
-    kl_target: float = 6.0
-    kl_horizon: int = 10000
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    whiten_advantages: bool = True
-    loss_agg: str = "token-mean"
-    value_coef: float = 1.0
-    packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
-    micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 8192 on CUDA, 1024 on the CPU)
-    shared_prefix: bool = True  # packed: a group's rows with one prompt carry it once (not under flash-attention 2)
-    old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
-    # advantage estimator: gae (with a critic) or critic-free over rollout.group_size samples
-    # per prompt: grpo, rloo, reinforce_baseline (no critic is built, trained or saved)
-    advantage: Literal["gae", "grpo", "rloo", "reinforce_baseline"] = "gae"
-    norm_adv_by_std: bool = True  # grpo: divide by the group's std (false: Dr. GRPO; verl's norm_adv_by_std_in_grpo)
-    kl_in: Literal["reward", "loss"] = "reward"  # KL to the reference: per-token reward penalty | k3 loss term
-    # recompute activations layer by layer in backward (verl's enable_gradient_checkpointing,
-    # OpenRLHF's --gradient_checkpointing): less trainer memory for one more forward per pass
-    gradient_checkpointing: bool = False
-    # the trainer models' attention (transformers' attn_implementation; verl's override_config
-    # attn_implementation): auto (on CUDA in half precision flash_attention_2 when installed,
-    # else flex_attention; else sdpa), sdpa (per packed sequence), flex_attention (CUDA: one
-    # BlockMask kernel per layer)
-    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2"] = "auto"
-    # the train/inference mismatch correction (verl's algorithm.rollout_correction; docs/config.md):
-    # none, or masked IS leaving tokens whose pi_old / pi_behaviour is outside a band out of the
-    # loss: token_mis (per token, [1/2, 2]), seq_mis (a sequence whole on its geometric-mean
-    # ratio, [1/1.001, 1.001]), icepop (per token, [0.5, 5]); a bound of 0 keeps the method's
-    rollout_correction: Literal["none", "token_mis", "seq_mis", "icepop"] = "none"
-    rollout_correction_lower: float = 0.0  # 0: 1 / upper (token_mis, seq_mis), 0.5 (icepop)
-    rollout_correction_upper: float = 0.0  # 0: 2 (token_mis), 1.001 (seq_mis), 5 (icepop)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters (PEFT) on the actor and/or the critic; rank 0: full fine-tuning. The
-    engine serves the merged weights; only the adapted linears are pushed at each sync."""
-
-    rank: int = 0  # OpenRLHF/verl lora_rank (e.g. 16 or 32); 0: off
-    alpha: float = 16.0  # lora_alpha: updates scaled by alpha / rank
-    dropout: float = 0.0  # lora_dropout (training passes only)
-    target_modules: str = "all-linear"  # every linear but the LM head, or a comma list: q_proj,v_proj
-    actor: bool = True  # adapters on the actor; its reference is the actor with them disabled
-    critic: bool = True  # adapters on the critic's backbone; its value head trains in full
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,8 +254,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
-        cfg = apply_updates(cfg, data)
-    cfg = apply_updates(cfg, parse_overrides(list(overrides)))
+    else:
+        data = {}
+    # the file and the overrides in one pass: a section is checked once, as both leave it
+    cfg = _updated(cfg, data, parse_overrides(list(overrides)))
     validate(cfg)
     return cfg
 
@@ -320,7 +268,17 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> Config:
     """The inverse of :func:`to_dict` (a run's ``config.json``); missing keys keep their defaults."""
-    return apply_updates(Config(), data)
+    return _updated(Config(), data)
+
+
+def _updated(cfg: Config, *updates: dict[str, Any]) -> Config:
+    """``cfg`` with ``updates`` applied in order (``colocate.overrides.apply_updates``); a
+    section's own check (the trainer's ``ppo``/``lora``: `TrainerConfigError`) as its
+    one-line ``ConfigError``."""
+    try:
+        return apply_updates(cfg, *updates)
+    except TrainerConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def dump_yaml(cfg: Config) -> str:

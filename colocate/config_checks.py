@@ -4,13 +4,13 @@ Owns: :func:`validate` (run by ``colocate.config.load_config``, so also by
 ``--print-config``; call it again after ``dataclasses.replace``): each failure one
 :class:`~colocate.errors.ConfigError` line naming the fields and the fix; :data:`RULES`,
 the names ``reward.rule`` takes. Leaves out: the fields and their defaults
-(``colocate.config``), what needs a model or an engine to check (the run's start:
-``colocate.run.builder``, ``engine.start_checks``).
+(``colocate.config``), the ``ppo`` and ``lora`` sections' rules on their own values (each
+section checks itself as it is built: ``colocate.trainer.sections``), what needs a model
+or an engine to check (the run's start: ``colocate.run.builder``, ``engine.start_checks``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from typing import Any
 
@@ -29,7 +29,6 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
     checks = [
         (cfg.rollout.batch_size >= 1, "rollout.batch_size must be >= 1"),
         (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
-        (cfg.ppo.minibatches >= 1, "ppo.minibatches must be >= 1"),
         (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
@@ -65,11 +64,6 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
          f"[{cfg.overlap.delta_min}, {cfg.overlap.delta_max}]"),
         (cfg.overlap.window >= 2, f"overlap.window: {cfg.overlap.window} must be >= 2 (a slope needs two points)"),
         (cfg.overlap.drop_staleness >= 0, f"overlap.drop_staleness: {cfg.overlap.drop_staleness} must be >= 0"),
-        (cfg.ppo.kl_coef > 0 or (cfg.ppo.kl_kind == "fixed" and cfg.ppo.kl_coef == 0),
-         "ppo.kl_coef must be > 0 (or 0 with ppo.kl_kind=fixed: no KL penalty)"),
-        (cfg.ppo.kl_target > 0, "ppo.kl_target must be > 0"),
-        (cfg.ppo.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
-        (cfg.ppo.micro_batch_tokens >= 0, "ppo.micro_batch_tokens must be >= 0 (0: auto)"),
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
         (cfg.rollout.batch_size % cfg.rollout.group_size == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be a multiple of rollout.group_size "
@@ -83,28 +77,11 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
             raise ConfigError(message)
     _check_data(cfg.data)
     _check_rules(cfg.reward)
-    from colocate.trainer.lora import LoraSettings  # here, not at the top: it brings torch and PEFT
-
-    LoraSettings(**dataclasses.asdict(cfg.lora))  # checks itself: one line naming the bad lora.* fields
-    _check_correction(cfg.ppo)
     # engines.sglang without SGLang: none colocate sets itself, no mapping values (names and
     # types are checked against SGLang's ServerArgs when an engine starts)
     check_own_server_args(cfg.engines.sglang)
     if cfg.run.fault_at:
         parse(cfg.run.fault_at)  # one line naming run.fault_at
-
-
-def _check_correction(ppo: Any) -> None:  # a colocate.config.PPOConfig
-    """ppo.rollout_correction's band holds 1 (`colocate.trainer.mismatch.band`)."""
-    if ppo.rollout_correction == "none":
-        return
-    from colocate.trainer.mismatch import band  # here, not at the top: it brings torch
-
-    try:
-        band(ppo.rollout_correction, ppo.rollout_correction_lower, ppo.rollout_correction_upper)
-    except ValueError as e:
-        raise ConfigError(f"ppo.rollout_correction_lower/upper (ppo.rollout_correction={ppo.rollout_correction}): "
-                          f"{e}; 0 keeps the method's bound") from None
 
 
 def _check_data(data: Any) -> None:  # a colocate.config.DataConfig

@@ -77,25 +77,33 @@ def _unknown(key: str, known: list[str]) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}")
 
 
-def apply_updates(obj: Any, updates: dict[str, Any], prefix: str = "") -> Any:
-    """The frozen dataclass ``obj`` with ``updates`` (a nested mapping) applied, each value
-    coerced to its field's type; an unknown key suggests the close match."""
-    if not isinstance(updates, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {updates!r}")
+def apply_updates(obj: Any, *updates: dict[str, Any], prefix: str = "") -> Any:
+    """The frozen dataclass ``obj`` with ``updates`` (nested mappings, later ones winning:
+    a file, then ``--set`` pairs) applied, each value coerced to its field's type; an
+    unknown key suggests the close match. Each nested dataclass is built once, from every
+    mapping's values for it, so its own checks (``__post_init__``) see its final values."""
     hints = typing.get_type_hints(type(obj))
     fields = {f.name: f for f in dataclasses.fields(obj)}
-    changes = {}
-    for name, value in updates.items():
-        key = f"{prefix}{name}"
-        if name not in fields:
-            raise _unknown(key, list(fields))
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            changes[name] = apply_updates(current, value, f"{key}.")
-        elif typing.get_origin(hints[name]) is dict:
-            changes[name] = _merge(current, value, key)
-        else:
-            changes[name] = _coerce(value, hints[name], key)
+    changes: dict[str, Any] = {}
+    nested: dict[str, list[dict[str, Any]]] = {}  # a dataclass field -> its mappings, in order
+    for mapping in updates:
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {mapping!r}")
+        for name, value in mapping.items():
+            key = f"{prefix}{name}"
+            if name not in fields:
+                raise _unknown(key, list(fields))
+            current = getattr(obj, name)
+            if dataclasses.is_dataclass(current):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+                nested.setdefault(name, []).append(value)
+            elif typing.get_origin(hints[name]) is dict:
+                changes[name] = _merge(changes.get(name, current), value, key)
+            else:
+                changes[name] = _coerce(value, hints[name], key)
+    for name, mappings in nested.items():
+        changes[name] = apply_updates(getattr(obj, name), *mappings, prefix=f"{prefix}{name}.")
     return dataclasses.replace(obj, **changes)
 
 

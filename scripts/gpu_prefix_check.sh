@@ -39,9 +39,10 @@ fi
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 python3 - "$DEVICE" <<'EOF'
 import sys
+from colocate.trainer.sections import PPOConfig
 from colocate.trainer.settings import TrainerSettings, flash_attn_2_available
 for dtype in ("bfloat16", "float32"):  # what ppo.attention=auto resolves to here
-    s = TrainerSettings(actor_path="/m", device=sys.argv[1], dtype=dtype, packing=True)
+    s = TrainerSettings(actor_path="/m", device=sys.argv[1], dtype=dtype, ppo=PPOConfig(packing=True))
     print(f"auto, {dtype}: {s.attn_implementation}, {s.token_budget} tokens, shared prefix {s.shares_prefix}",
           f"(flash-attention 2 installed: {flash_attn_2_available()})")
 EOF

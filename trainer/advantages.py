@@ -46,15 +46,15 @@ def advantages(
     loss_mask = batch.loss_mask
     kl = token_kl(s, batch, old_logp, ref_logp)  # [B, T]
     rewards = ppo_math.token_rewards(batch.scores, kl, loss_mask,
-                                     kl_coef if s.kl_in == "reward" else 0.0)  # [B, T]
+                                     kl_coef if s.ppo.kl_in == "reward" else 0.0)  # [B, T]
     if s.critic_free:
         total = rewards.sum(-1)  # [B]
-        adv = outcome_advantages(total, batch.groups, loss_mask, s.advantage, s.norm_adv_by_std)  # [B, T]
+        adv = outcome_advantages(total, batch.groups, loss_mask, s.ppo.advantage, s.ppo.norm_adv_by_std)  # [B, T]
         returns = torch.where(loss_mask, total[:, None].expand_as(rewards), torch.zeros_like(rewards))  # [B, T]
         return adv, returns, rewards, kl
-    adv, returns = ppo_math.gae_advantages(rewards, values, batch.response_mask, s.gamma, s.lam,
+    adv, returns = ppo_math.gae_advantages(rewards, values, batch.response_mask, s.ppo.gamma, s.ppo.lam,
                                            acting=loss_mask)  # [B, T]
-    if s.whiten_advantages:
+    if s.ppo.whiten_advantages:
         adv = ppo_math.masked_whiten(adv, loss_mask)
     return adv, returns, rewards, kl
 
@@ -67,7 +67,7 @@ def token_kl(
     -> [B, T], 0 elsewhere, all 0 without a reference (`ref_logp` None: settings.reference off)."""
     if ref_logp is None:
         return torch.zeros_like(old_logp)
-    kl = ppo_math.kl_estimate(old_logp, ref_logp, s.kl_estimator)  # [B, T]
+    kl = ppo_math.kl_estimate(old_logp, ref_logp, s.ppo.kl_estimator)  # [B, T]
     return torch.where(batch.loss_mask, kl, torch.zeros_like(kl))
 
 
@@ -99,7 +99,7 @@ def actor_inputs(
         keep, extra["is_weights"] = correction.terms(behaviour, old_logp, mask)
         if correction.masks:
             extra["loss_mask"] = extra["loss_mask"] & keep  # a new tensor: the first forward may refill it
-    if s.kl_in == "loss" and s.reference:
+    if s.ppo.kl_in == "loss" and s.reference:
         if ref_logp is None:
             raise TrainerConfigError("train_actor: ppo.kl_in=loss needs the reference log-probs (ref_logp)")
         extra["ref_logp"] = model_tokens(ref_logp, mask)

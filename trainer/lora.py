@@ -1,7 +1,8 @@
 """LoRA adapters on the trainer's models, built on PEFT.
 
-Owns: `LoraSettings` (rank, alpha, dropout, target modules, which models), wrapping a
-model in PEFT's LoRA (`add_lora`: the base weights frozen, only the adapters train), and
+Owns: wrapping a model in PEFT's LoRA as the ``lora`` section (`LoraConfig`,
+`trainer/sections.py`: rank, alpha, dropout, target modules, which models) says
+(`peft_config`, `add_lora`: the base weights frozen, only the adapters train), and
 turning the (name, full tensor) stream of a LoRA actor into the Hugging Face-named merged
 weights of its adapted linears (`merged_weights`: W + alpha/r · B·A, what the engine
 serves; every other tensor is the frozen base the engine already holds).
@@ -19,11 +20,12 @@ the base model).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable, Iterator
 
 import torch
 from torch import nn
+
+from .sections import LoraConfig
 
 PEFT_PREFIX = "base_model.model."  # PEFT's wrapper of a model: its HF names follow
 ADAPTER = "default"  # PEFT's name of the one adapter
@@ -31,49 +33,17 @@ BASE_WEIGHT = ".base_layer.weight"  # an adapted linear's frozen weight: the mer
 _BASE, _A, _B = BASE_WEIGHT, f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
 
 
-@dataclasses.dataclass(frozen=True)
-class LoraSettings:
-    """LoRA on the actor and/or the critic (the names PEFT, OpenRLHF and verl use); rank 0: off."""
+def peft_config(lora: LoraConfig):  # noqa: ANN201 - peft.LoraConfig
+    """PEFT's LoRA config of the ``lora`` section (``target_modules``: all-linear, or its comma list)."""
+    import peft
 
-    rank: int = 0  # r (OpenRLHF/verl lora_rank); 0: full fine-tuning
-    alpha: float = 16.0  # lora_alpha: the update is scaled by alpha / rank
-    dropout: float = 0.0  # lora_dropout on the adapters' input, in the training passes only
-    target_modules: str = "all-linear"  # PEFT's "all-linear" (every linear but the LM head) or "q_proj,v_proj,..."
-    actor: bool = True  # adapters on the actor (its reference is then the actor with them disabled)
-    critic: bool = True  # adapters on the critic's backbone (its value head trains in full)
-
-    def __post_init__(self) -> None:
-        bad = [name for name, ok in (("rank", self.rank >= 0), ("alpha", self.alpha > 0),
-                                     ("dropout", 0 <= self.dropout < 1),
-                                     ("target_modules", bool(self.target_modules.strip()))) if not ok]
-        if bad:
-            from .errors import TrainerConfigError
-
-            raise TrainerConfigError(f"invalid lora setting(s) {bad}: {[getattr(self, k) for k in bad]} "
-                                     "(need rank >= 0, alpha > 0, 0 <= dropout < 1, target_modules non-empty)")
-
-    @property
-    def on_actor(self) -> bool:
-        return self.rank > 0 and self.actor
-
-    @property
-    def on_critic(self) -> bool:
-        return self.rank > 0 and self.critic
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
-
-    def peft_config(self):  # noqa: ANN201 - peft.LoraConfig
-        from peft import LoraConfig
-
-        targets = self.target_modules.strip()
-        modules: str | list[str] = targets if targets == "all-linear" else [m.strip() for m in targets.split(",")]
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=modules,
-                          bias="none")
+    targets = lora.target_modules.strip()
+    modules: str | list[str] = targets if targets == "all-linear" else [m.strip() for m in targets.split(",")]
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,
+                           bias="none")
 
 
-def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+def add_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     """``model`` (a transformers model, unsharded) wrapped in PEFT's LoRA -> the PEFT model.
 
     Its base weights stop requiring gradients; only the adapters do. A target that
@@ -83,9 +53,9 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     from .errors import TrainerConfigError
 
     try:
-        return get_peft_model(model, settings.peft_config())
+        return get_peft_model(model, peft_config(lora))
     except ValueError as exc:
-        raise TrainerConfigError(f"lora.target_modules={settings.target_modules!r}: {str(exc).splitlines()[0]} "
+        raise TrainerConfigError(f"lora.target_modules={lora.target_modules!r}: {str(exc).splitlines()[0]} "
                                  "(use all-linear or the model's linear names, e.g. q_proj,v_proj)") from None
 
 

@@ -6,7 +6,7 @@ deferred partial. Each token's ratio rho = pi_old / pi_behaviour = exp(old_logp 
 behaviour_logp) measures it. Truncated IS (TIS; `overlap.staleness=is`) weights each
 token's loss by min(rho, cap). Masked IS (MIS) leaves the tokens whose ratio is outside a
 band [lower, upper] out of the loss and weights the others by their ratio
-(`TrainerSettings.rollout_correction`, the peers' names in brackets):
+(`ppo.rollout_correction`, the peers' names in brackets):
 
 - ``token_mis``: each token on its own ratio, band [1/2, 2] (verl's
   ``rollout_is_level=token`` + ``rollout_is_mode=mask``, ``rollout_is_threshold=2`` with

@@ -93,7 +93,7 @@ class PPOTrainer:
         # frozen copy; none at all when nothing reads it (`settings.reference`: the KL is off)
         self.ref = (None if settings.lora.on_actor or not settings.reference
                     else load_actor(trained=False).requires_grad_(False))
-        self.actor_optim = build_adamw(self.actor, settings.actor_lr, settings.weight_decay)
+        self.actor_optim = build_adamw(self.actor, settings.ppo.actor_lr, settings.ppo.weight_decay)
         self.critic: nn.Module | None = None  # critic-free estimators build none
         self.critic_optim: torch.optim.Optimizer | None = None
         if not settings.critic_free:
@@ -102,7 +102,7 @@ class PPOTrainer:
                                                attn_implementation=settings.attn_implementation)
             critic.model = _trainable(critic.model, settings, settings.lora.on_critic)  # the value head trains in full
             self.critic = shard_model(critic.eval(), self.dist, compute)
-            self.critic_optim = build_adamw(self.critic, settings.critic_lr, settings.weight_decay)
+            self.critic_optim = build_adamw(self.critic, settings.ppo.critic_lr, settings.ppo.weight_decay)
         self._sync_numel: tuple[int, int] | None = None  # `sync_numel` (adapted only, whole), counted at its first call
         self._tied_names: frozenset[str] | None = None  # `tied_copies` of the actor, found at the first push
         self.updates = {"actor": 0, "critic": 0}  # train_* calls so far: seeds the minibatch shuffle
@@ -112,13 +112,13 @@ class PPOTrainer:
     def _policy(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
         if self.settings.shares_prefix:
             return functools.partial(packed_policy_forward, shared_prefix=True)
-        return packed_policy_forward if self.settings.packing else policy_forward
+        return packed_policy_forward if self.settings.ppo.packing else policy_forward
 
     @property
     def _value(self) -> Callable[[nn.Module, TrainBatch], torch.Tensor]:
         if self.settings.shares_prefix:
             return functools.partial(packed_value_forward, shared_prefix=True)
-        return packed_value_forward if self.settings.packing else value_forward
+        return packed_value_forward if self.settings.ppo.packing else value_forward
 
     # ---------------------------------------------------------------- no-grad phases, advantages
 
@@ -148,7 +148,7 @@ class PPOTrainer:
             rest = torch.ones(batch.size, dtype=torch.bool)
             rest[self._first_minibatch(batch, "old_logprobs(leave_first)")] = False
             return self._rows_no_grad(self._actor_logp, batch, only=rest)
-        if self.settings.old_logp != "rollout" or current_version is None:
+        if self.settings.ppo.old_logp != "rollout" or current_version is None:
             return self._rows_no_grad(self._actor_logp, batch)
         stale = stale_rows(batch.versions, batch.loss_mask, current_version)  # [B]
         recomputed = self._rows_no_grad(self._actor_logp, batch, only=stale)  # [B, T]
@@ -160,7 +160,7 @@ class PPOTrainer:
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """Critic values of the states emitting each response token -> [B, T] (0 on padding)."""
         if self.critic is None:
-            raise TrainerConfigError(f"values: ppo.advantage={self.settings.advantage} trains no critic")
+            raise TrainerConfigError(f"values: ppo.advantage={self.settings.ppo.advantage} trains no critic")
         return self._rows_no_grad(lambda mb: self._value(self.critic, mb), batch)
 
     def _rows_no_grad(self, fn: Callable[[TrainBatch], torch.Tensor], batch: TrainBatch,
@@ -181,7 +181,7 @@ class PPOTrainer:
         (packed: prompts shared within a group; right-padded: B x the longest row) and the
         rows' own prompt + response tokens."""
         s = self.settings
-        if s.packing:
+        if s.ppo.packing:
             return trainer_tokens(batch, s.shares_prefix, s.token_budget)
         lengths = batch.attention_mask.sum(-1)
         return batch.size * int(lengths.max()), int(lengths.sum())
@@ -192,7 +192,7 @@ class PPOTrainer:
         if s.shares_prefix:  # a group sharing a prompt stays whole, or splits into parts with the prompt each
             units, tokens = shared_plan_units(batch, s.token_budget)
             return unit_micro_batches(units, tokens, d.world_size, d.rank, s.token_budget)
-        if s.packing:
+        if s.ppo.packing:
             lengths = batch.attention_mask.sum(-1).tolist()  # prompt + response tokens per row
             return packed_micro_batches(lengths, d.world_size, d.rank, s.token_budget)
         return row_micro_batches(batch.size, d.world_size, d.rank, s.micro_batch)
@@ -211,12 +211,12 @@ class PPOTrainer:
         read elsewhere), epochs x minibatches -> {value_loss, vf_clip_frac, grad_norm, skipped_steps, …}."""
         s = self.settings
         if self.critic is None:
-            raise TrainerConfigError(f"train_critic: ppo.advantage={s.advantage} trains no critic")
+            raise TrainerConfigError(f"train_critic: ppo.advantage={s.ppo.advantage} trains no critic")
 
         def loss_fn(mb: TrainBatch, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             new_values = self._value(self.critic, mb)  # [b, T]
             loss, stats = ppo_math.value_loss(
-                new_values, t["old_values"], t["returns"], t["loss_mask"], s.value_clip_eps, s.loss_agg
+                new_values, t["old_values"], t["returns"], t["loss_mask"], s.ppo.value_clip_eps, s.ppo.loss_agg
             )
             return loss, stats
 
@@ -243,7 +243,7 @@ class PPOTrainer:
         correction mismatch_masked_frac (the share of the trained tokens it left out).
         `fill_first` (after ``old_logprobs(leave_first=True)``): fills `old_logp`'s first minibatch from its forward.
         """
-        s = self.settings
+        s, p = self.settings, self.settings.ppo
         extra = actor_inputs(s, batch, old_logp, advantages, current_version, ref_logp)  # on model tokens only
         trained = trained_mask(s, batch, current_version)  # before the mismatch correction
         fill = None
@@ -256,10 +256,10 @@ class PPOTrainer:
             logp, entropy = self._policy(self.actor, mb, s.temperature, with_entropy=True)  # [b, T]
             old, weights, mask = ((t["old_logp"], t.get("is_weights"), t["loss_mask"]) if fill is None
                                   else fill.old(logp, t, mb.loss_mask))
-            loss, stats = ppo_math.policy_loss(logp, old, t["advantages"], mask, s.clip_eps, s.loss_agg, weights)
+            loss, stats = ppo_math.policy_loss(logp, old, t["advantages"], mask, p.clip_eps, p.loss_agg, weights)
             stats["entropy"] = ppo_math.masked_mean(entropy, mask)
             if "ref_logp" in t:  # KL to the reference as a loss term (k3)
-                kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), mask, s.loss_agg)
+                kl = ppo_math.aggregate_loss(ppo_math.kl_estimate(logp, t["ref_logp"], "k3"), mask, p.loss_agg)
                 loss = loss + kl_coef * kl
                 stats["kl_loss"] = kl.detach()
             if "on_policy" in t:  # the drift probe: first minibatch only
@@ -275,9 +275,9 @@ class PPOTrainer:
 
     def _minibatch_order(self, name: str, batch: TrainBatch) -> torch.Generator:
         """The generator that shuffles the next `train_<name>`'s minibatches of `batch` (seeded by the calls so far)."""
-        s = self.settings
-        if batch.size % s.minibatches:
-            raise TrainerConfigError(f"batch of {batch.size} rows does not split into ppo minibatches={s.minibatches}")
+        s, minibatches = self.settings, self.settings.ppo.minibatches
+        if batch.size % minibatches:
+            raise TrainerConfigError(f"batch of {batch.size} rows does not split into ppo minibatches={minibatches}")
         return torch.Generator().manual_seed(s.seed * 1_000_003 + 2 * self.updates[name] + (name == "critic"))
 
     def _first_minibatch(self, batch: TrainBatch, where: str) -> torch.Tensor:
@@ -285,21 +285,21 @@ class PPOTrainer:
         if not self.settings.old_logp_from_first_forward:
             raise TrainerConfigError(f"{where}: old log-probs are read before the update here (ppo.old_logp=rollout "
                                      "or ppo.kl_in=reward): compute every row's")
-        return batch.minibatches(self.settings.minibatches, self._minibatch_order("actor", batch))[0]
+        return batch.minibatches(self.settings.ppo.minibatches, self._minibatch_order("actor", batch))[0]
 
     def _optimise(
         self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
         extra: dict[str, torch.Tensor], loss_fn: LossFn, after_first: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """epochs x minibatches guarded optimizer steps (`trainer/update.py`); stats averaged over the steps taken."""
-        s = self.settings
+        s, p = self.settings, self.settings.ppo
         generator = self._minibatch_order(name, batch)
         self.updates[name] += 1
-        u = Update(model, optimizer, self.dist, self._plan, s.epochs, s.minibatches, s.loss_agg, s.max_grad_norm,
-                   s.value_coef if model is self.critic else 1.0)
+        u = Update(model, optimizer, self.dist, self._plan, p.epochs, p.minibatches, p.loss_agg, p.max_grad_norm,
+                   p.value_coef if model is self.critic else 1.0)
         # training mode only where it changes something: transformers checkpoints layers only in
         # training mode, and LoRA dropout acts only there (the models carry no other dropout by default)
-        training = s.gradient_checkpointing or (s.lora.dropout > 0 and is_lora(model))
+        training = p.gradient_checkpointing or (s.lora.dropout > 0 and is_lora(model))
         model.train(training)
         try:
             return optimise(u, batch, extra, loss_fn, generator, "policy_loss" if name == "actor" else "value_loss",
@@ -415,6 +415,6 @@ class PPOTrainer:
 def _trainable(model: nn.Module, settings: TrainerSettings, lora: bool) -> nn.Module:
     """A model to train, before sharding: gradient checkpointing when asked, then LoRA
     adapters when asked (the PEFT wrapper; base weights frozen)."""
-    if settings.gradient_checkpointing:
+    if settings.ppo.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return add_lora(model, settings.lora) if lora else model

@@ -1,10 +1,13 @@
-"""`TrainerSettings`: every knob of the PPO trainer, frozen and checked at construction.
+"""`TrainerSettings`: what the PPO trainer runs with, frozen and checked at construction.
 
-Owns: the settings dataclass, its validation (one `TrainerConfigError` naming the bad
-keys) and the derived values (`critic_source`, `torch_dtype`, `attn_implementation`,
-`token_budget`). Each default is the default of the config field it is built from (`ppo.*`
-and the others `colocate/run/builder.py` maps), so bare settings train as a default
-configured run does (`tests/unit/test_one_set_of_defaults.py`).
+Owns: the settings dataclass: the ``ppo`` and ``lora`` config sections as they are
+(`trainer/sections.py`, which checks their values), the values that come from elsewhere
+(model folders, device and dtype resolved, seed, the staleness correction of deferred
+tokens, the sampling temperature, offload, whether a reference runs, padded rows per
+pass), their validation together with the device and dtype (one `TrainerConfigError`
+line) and the derived values (`critic_source`, `torch_dtype`, `attn_implementation`,
+`token_budget`, ...). Bare settings train as a default configured run does
+(`tests/unit/test_one_set_of_defaults.py`).
 
 Leaves out: what the knobs do (`trainer/ppo_trainer.py`, `trainer/forward.py`,
 `trainer/packing.py`) and how a run's config maps onto them (`colocate/run/builder.py`).
@@ -17,16 +20,11 @@ import importlib.util
 
 import torch
 
-from . import ppo_math
 from .errors import TrainerConfigError
-from .estimators import ADVANTAGES, CRITIC_FREE
-from .lora import LoraSettings
-from .mismatch import CORRECTIONS, Correction, band
+from .estimators import CRITIC_FREE
+from .mismatch import Correction
+from .sections import LoraConfig, PPOConfig
 from .varlen_attention import VARLEN_SDPA
-
-OLD_LOGP_SOURCES: tuple[str, ...] = ("recompute", "rollout")
-KL_PLACES: tuple[str, ...] = ("reward", "loss")
-ATTENTIONS: tuple[str, ...] = ("auto", "sdpa", "flex_attention", "flash_attention_2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,100 +34,40 @@ class TrainerSettings:
     dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
     device: str = "cpu"
     seed: int = 0
-    actor_lr: float = 1e-5
-    critic_lr: float = 3e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    epochs: int = 2
-    minibatches: int = 2
-    clip_eps: float = 0.2
-    value_clip_eps: float = 0.2
-    gamma: float = 1.0
-    lam: float = 1.0  # 1: Monte-Carlo returns minus the critic's baseline
-    kl_estimator: str = "k1"
-    whiten_advantages: bool = True
-    loss_agg: str = "token-mean"
-    value_coef: float = 1.0
+    ppo: PPOConfig = PPOConfig()  # the `ppo:` section (its kl_* controller fields are the loop's)
+    lora: LoraConfig = LoraConfig()  # the `lora:` section; rank 0: full fine-tuning (`trainer/lora.py`)
     is_cap: float | None = None  # truncated-IS cap for tokens sampled under other weights
     max_staleness: int | None = None  # train only on tokens at most this many versions old
     temperature: float = 1.0  # sampling temperature the behaviour logprobs were taken at
-    # the train/inference mismatch correction (`trainer/mismatch.py`): "none", or masked IS
-    # ("token_mis", "seq_mis": a sequence's geometric-mean ratio, "icepop"), leaving tokens
-    # whose pi_old / pi_behaviour is outside [lower, upper] out of the loss (0: the method's bound)
-    rollout_correction: str = "none"
-    rollout_correction_lower: float = 0.0
-    rollout_correction_upper: float = 0.0
-    # packing=True: each micro-batch's rows concatenated into one padding-free row of at most
-    # micro_batch_tokens tokens (prompt + response; a longer row gets its own micro-batch),
-    # rows balanced over ranks by tokens. packing=False: right-padded rows, micro_batch rows each.
-    packing: bool = True
-    micro_batch_tokens: int = 0  # 0: `token_budget` picks one for the attention path
-    micro_batch: int = 8  # packing=False: rows per forward pass (bounds activation memory)
-    # packing=True: rows of one group with the same prompt (rollout.group_size > 1) packed as
-    # one segment, the prompt once and then each response attending to it and to itself
-    # (`trainer/packed.py`); kept whole in a micro-batch, or split into parts each with the
-    # prompt. Off under flash-attention 2, which cannot take the mask (`shares_prefix`)
-    shared_prefix: bool = True
-    # where old log-probs come from: "recompute" (a no-grad actor pass) or "rollout" (the
-    # engine's sampling log-probs of tokens sampled under the current weights; rows holding
-    # tokens of older weights are recomputed, see trainer/rollout_logp.py)
-    old_logp: str = "recompute"
+    micro_batch: int = 8  # ppo.packing=False: rows per forward pass (bounds activation memory)
     host_offload: str = "pinned"  # CUDA offload target: reused page-locked buffers, or "pageable" (module.to)
     trust_remote_code: bool = False  # let transformers run code the model folders ship
-    # advantage estimator (`trainer/estimators.py`): "gae" trains a critic; "grpo", "rloo"
-    # and "reinforce_baseline" are critic-free (no critic is built) and use group baselines
-    advantage: str = "gae"
-    norm_adv_by_std: bool = True  # grpo: divide by the group's std (False: Dr. GRPO)
-    # KL to the reference: "reward" (a per-token penalty in the reward, kl_estimator) or
-    # "loss" (k3 in the actor's loss, weighted by the KL coefficient, the GRPO way)
-    kl_in: str = "reward"
     # build and run the reference (False: nothing reads it — the KL is off, a fixed
     # coefficient of 0 — so it is neither built, held nor run, and the loop reports no kl)
     reference: bool = True
-    lora: LoraSettings = LoraSettings()  # rank 0: full fine-tuning (`trainer/lora.py`)
-    # recompute each decoder layer's activations in backward instead of keeping them
-    # (transformers' gradient checkpointing, non-reentrant): less memory, one more forward
-    gradient_checkpointing: bool = False
-    # the trainer models' attention (`attn_implementation`): "auto", "sdpa" (varlen sdpa when
-    # packed), "flex_attention" (one BlockMask kernel per layer; CUDA), "flash_attention_2"
-    attention: str = "auto"
 
     def __post_init__(self) -> None:
         checks = {
             "dtype": self.dtype in ("float32", "bfloat16", "float16"),
-            "loss_agg": self.loss_agg in ppo_math.AGG_MODES,
-            "kl_estimator": self.kl_estimator in ppo_math.KL_KINDS,
-            "epochs": self.epochs >= 1,
-            "minibatches": self.minibatches >= 1,
             "micro_batch": self.micro_batch >= 1,
-            "micro_batch_tokens": self.micro_batch_tokens >= 0,
-            "old_logp": self.old_logp in OLD_LOGP_SOURCES,
             "host_offload": self.host_offload in ("pinned", "pageable"),
             "temperature": self.temperature > 0,
             "is_cap": self.is_cap is None or self.is_cap > 0,
             "max_staleness": self.max_staleness is None or self.max_staleness >= 0,
-            "rollout_correction": self.rollout_correction in CORRECTIONS,
-            "advantage": self.advantage in ADVANTAGES,
-            "kl_in": self.kl_in in KL_PLACES,
-            "attention": self.attention in ATTENTIONS,
         }
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             raise TrainerConfigError(f"invalid trainer setting(s) {bad}: {[getattr(self, k) for k in bad]}")
-        if self.rollout_correction != "none":
-            try:
-                band(self.rollout_correction, self.rollout_correction_lower, self.rollout_correction_upper)
-            except ValueError as e:
-                raise TrainerConfigError(f"ppo.rollout_correction_lower/upper: {e}") from None
-        if self.attention == "flex_attention" and not self.device.startswith("cuda"):
+        attention = self.ppo.attention
+        if attention == "flex_attention" and not self.device.startswith("cuda"):
             raise TrainerConfigError("ppo.attention=flex_attention needs CUDA (torch's flex attention has no CPU "
                                      "backward): use auto or sdpa on this device")
-        if self.attention == "flex_attention" and self.dtype == "float32":
+        if attention == "flex_attention" and self.dtype == "float32":
             # torch 2.11's inductor found no flex kernel for float32 fwd + bwd on an H100
             # (NoValidChoicesError at head dims 16 and 64, 2026-11-26); bfloat16 compiled and ran
             raise TrainerConfigError("ppo.attention=flex_attention needs half-precision compute (torch's inductor "
                                      "has no float32 flex kernel on CUDA): set models.dtype=bfloat16 or use sdpa")
-        if self.attention == "flash_attention_2" and not flash_attn_2_available():
+        if attention == "flash_attention_2" and not flash_attn_2_available():
             raise TrainerConfigError("ppo.attention=flash_attention_2, but flash-attention 2 is not installed "
                                      "(pip install flash-attn): use auto, sdpa or flex_attention")
 
@@ -137,13 +75,13 @@ class TrainerSettings:
     def correction(self) -> Correction:
         """The importance weights and masks of the actor's loss (`trainer/mismatch.py`):
         the mismatch correction and the TIS cap of deferred tokens."""
-        return Correction(self.rollout_correction, self.rollout_correction_lower, self.rollout_correction_upper,
-                          self.is_cap)
+        p = self.ppo
+        return Correction(p.rollout_correction, p.rollout_correction_lower, p.rollout_correction_upper, self.is_cap)
 
     @property
     def critic_free(self) -> bool:
         """No critic: the estimator's baseline comes from the group, not from values."""
-        return self.advantage in CRITIC_FREE
+        return self.ppo.advantage in CRITIC_FREE
 
     @property
     def critic_source(self) -> str:
@@ -156,7 +94,7 @@ class TrainerSettings:
     @property
     def attn_implementation(self) -> str | None:
         """transformers' attention for the trainer's models. Padded: None, transformers'
-        default (sdpa), unless `attention` names one. Packed, `attention` "auto":
+        default (sdpa), unless `ppo.attention` names one. Packed, "auto":
         on CUDA in half precision, flash-attention 2 (varlen kernels) when it is installed
         (`flash_attn_2_available`), else flex attention (one BlockMask kernel per layer,
         shared prefixes kept); otherwise `VARLEN_SDPA` (causal sdpa per packed sequence,
@@ -166,20 +104,21 @@ class TrainerSettings:
         float32 CUDA kernel in torch 2.11's inductor). "sdpa" is
         `VARLEN_SDPA` when packed; "flex_attention" runs each packed row as one flex kernel
         per layer over a BlockMask of its sequences (`trainer/packed.py`, CUDA)."""
-        if self.attention == "sdpa" or (self.attention == "auto" and not self.packing):
-            return VARLEN_SDPA if self.packing else None
-        if self.attention != "auto":
-            return self.attention
+        attention, packing = self.ppo.attention, self.ppo.packing
+        if attention == "sdpa" or (attention == "auto" and not packing):
+            return VARLEN_SDPA if packing else None
+        if attention != "auto":
+            return attention
         if not self.device.startswith("cuda") or self.dtype == "float32":
             return VARLEN_SDPA
         return "flash_attention_2" if flash_attn_2_available() else "flex_attention"
 
     @property
     def shares_prefix(self) -> bool:
-        """Whether packed rows share their group's prompt: `shared_prefix` with packing, and
+        """Whether packed rows share their group's prompt: `ppo.shared_prefix` with packing, and
         not under flash-attention 2 (its varlen kernel is causal per sequence; the shared
         mask needs sdpa's mask or flex attention's BlockMask)."""
-        return self.packing and self.shared_prefix and self.attn_implementation != "flash_attention_2"
+        return self.ppo.packing and self.ppo.shared_prefix and self.attn_implementation != "flash_attention_2"
 
     @property
     def old_logp_from_first_forward(self) -> bool:
@@ -189,17 +128,17 @@ class TrainerSettings:
         of any number of minibatches). Only where nothing reads them before the update:
         recomputed old log-probs and no KL in the reward (truncated-IS weights of those
         rows are taken from the same forward)."""
-        return self.old_logp == "recompute" and not (self.reference and self.kl_in == "reward")
+        return self.ppo.old_logp == "recompute" and not (self.reference and self.ppo.kl_in == "reward")
 
     @property
     def token_budget(self) -> int:
-        """Tokens per packed micro-batch: `micro_batch_tokens`, or with 0 (auto) 8192 on CUDA
+        """Tokens per packed micro-batch: `ppo.micro_batch_tokens`, or with 0 (auto) 8192 on CUDA
         and 1024 on the CPU. On our CPU (SmolLM2 shape, 2 threads, fwd + bwd of packed
         300-token sequences) the varlen sdpa path ran 149 tokens/s at 1200 tokens per
         micro-batch and 115 at 2400; on an H100 (Qwen2.5-0.5B shape, bf16, GRPO n = 4) its
         ref + old logp + actor took 9.9 s at 8192 against 31.8 s at 1024 (docs/bench.md)."""
-        if self.micro_batch_tokens:
-            return self.micro_batch_tokens
+        if self.ppo.micro_batch_tokens:
+            return self.ppo.micro_batch_tokens
         return 8192 if self.device.startswith("cuda") else 1024
 
 

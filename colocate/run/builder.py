@@ -51,7 +51,6 @@ from colocate.run.session import RunContext, RunState, Session, decode_text, sto
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
 from colocate.trainer.kl_control import make_kl_controller
-from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 from colocate.trainer.precision import auto_dtype, cpu_flags
 from colocate.monitor.quiet import loaded, params
@@ -171,25 +170,20 @@ def own_feeder(cfg: Config) -> bool:
     return cfg.overlap.streamed and cfg.overlap.feeder == "process"
 
 
-# ppo.* fields the loop reads (the KL controller), not the trainer
-LOOP_PPO_FIELDS = frozenset({"kl_kind", "kl_coef", "kl_target", "kl_horizon"})
-
-
 def trainer_settings(cfg: Config, actor_path: str, critic_path: str, device, **settings):
     """`TrainerSettings` of ``cfg`` for a trainer on ``device`` (a torch.device;
-    ``settings``: fields the config does not hold, e.g. ``micro_batch``). Every ``ppo.*``
-    field but the KL controller's reaches the trainer under its own name; the rest comes
-    from the sections that own it (models, run, rollout, overlap, engines, lora)."""
+    ``settings``: fields the config does not hold, e.g. ``micro_batch``): the ``ppo`` and
+    ``lora`` sections as they are, the rest from the sections that own it (models, run,
+    rollout, overlap, engines) and the KL controller (``kl_on``)."""
     o = cfg.overlap
-    names = {f.name for f in dataclasses.fields(TrainerSettings)}
-    ppo = {k: v for k, v in dataclasses.asdict(cfg.ppo).items() if k in names}
     return TrainerSettings(
         actor_path=actor_path, critic_path=critic_path, dtype=trainer_dtype(cfg, device.type),
-        device=str(device), seed=cfg.run.seed, trust_remote_code=cfg.models.trust_remote_code,
+        device=str(device), seed=cfg.run.seed, ppo=cfg.ppo, lora=cfg.lora,
+        trust_remote_code=cfg.models.trust_remote_code,
         is_cap=o.is_cap if o.deferral and o.staleness == "is" else None,
         max_staleness=o.max_staleness if o.deferral and o.staleness == "mask" else None,
         temperature=cfg.rollout.temperature or 1.0, host_offload=cfg.engines.host_offload,
-        reference=kl_on(cfg), lora=LoraSettings(**dataclasses.asdict(cfg.lora)), **ppo, **settings)
+        reference=kl_on(cfg), **settings)
 
 
 def kl_on(cfg: Config) -> bool:

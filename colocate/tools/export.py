@@ -28,11 +28,11 @@ from typing import Any, Callable
 import torch
 
 from colocate.run import checkpoint
-from colocate.config import EnginesConfig
+from colocate.config import EnginesConfig, LoraConfig
 from colocate.errors import ConfigError
 from colocate.monitor.quiet import loaded
 from colocate.assets.model_aliases import resolve_model
-from colocate.trainer.lora import PEFT_PREFIX, LoraSettings, add_lora
+from colocate.trainer.lora import PEFT_PREFIX, add_lora
 
 MODEL_FILES = ("config.json", "model.safetensors")  # a complete HF folder: its config and weights
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a complete PEFT adapter folder
@@ -59,11 +59,11 @@ def base_actor(run_dir: Path) -> str:
     return resolve_model(_run_config(run_dir)["models"]["actor"], f"models.actor in {run_dir / 'config.json'}")
 
 
-def lora_settings(run_dir: Path) -> LoraSettings:
+def lora_section(run_dir: Path) -> LoraConfig:
     """The run's ``lora`` section from its ``config.json`` (off for a run without one)."""
     section = _run_config(run_dir).get("lora") or {}
-    known = {f.name for f in dataclasses.fields(LoraSettings)}
-    return LoraSettings(**{k: v for k, v in section.items() if k in known})
+    known = {f.name for f in dataclasses.fields(LoraConfig)}
+    return LoraConfig(**{k: v for k, v in section.items() if k in known})
 
 
 def default_out(ckpt: Path) -> Path:
@@ -88,7 +88,7 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
     target = Path(out) if out is not None else default_out(ckpt)
     adapter_dir = Path(adapter) if adapter is not None else None
     run_dir = run_dir_of(ckpt)
-    lora = lora_settings(run_dir)
+    lora = lora_section(run_dir)
     if adapter_dir is not None:
         _check_adapter_request(adapter_dir, target, lora, run_dir)
     wanted = [(target, MODEL_FILES)] + ([(adapter_dir, ADAPTER_FILES)] if adapter_dir is not None else [])
@@ -127,7 +127,7 @@ def log_level_of(path: str | os.PathLike[str]) -> str:
     return EnginesConfig().log_level
 
 
-def _check_adapter_request(adapter_dir: Path, target: Path, lora: LoraSettings, run_dir: Path) -> None:
+def _check_adapter_request(adapter_dir: Path, target: Path, lora: LoraConfig, run_dir: Path) -> None:
     if not lora.on_actor:
         raise ConfigError(f"export: an adapter folder was asked for, but the config.json of run '{run_dir}' trains "
                           f"its actor in full (lora.rank={lora.rank}, lora.actor={lora.actor}); only a LoRA run "
@@ -153,7 +153,7 @@ def _full_actor(base: str, state: dict[str, Any], ckpt: Path):  # noqa: ANN202 -
     return model
 
 
-def _lora_actor(base: str, state: dict[str, Any], lora: LoraSettings, ckpt: Path):  # noqa: ANN202 - a PeftModel
+def _lora_actor(base: str, state: dict[str, Any], lora: LoraConfig, ckpt: Path):  # noqa: ANN202 - a PeftModel
     """The base actor wrapped in LoRA as in training, with the checkpoint's adapters (its
     trainable tensors, PEFT-named) loaded."""
     from transformers import AutoModelForCausalLM  # here, not at the top: this module is imported at the CLI's start

@@ -157,13 +157,15 @@ def test_a_lora_sync_pushes_only_the_adapted_linears_and_serves_the_merged_model
 
     from colocate.run import weight_sync
     from colocate.trainer.distributed import init_distributed
-    from colocate.trainer.lora import LoraSettings
+    from colocate.trainer.lora import peft_config
     from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+    from colocate.trainer.sections import LoraConfig, PPOConfig
 
     created = not dist.is_initialized()
-    lora = LoraSettings(rank=4, alpha=8.0, target_modules="q_proj,v_proj", critic=False)
-    settings = TrainerSettings(actor_path=tiny_actor_path, advantage="grpo", lora=lora, actor_lr=2e-6, critic_lr=1e-5,
-                               epochs=1, lam=0.95, packing=False)  # the padded one-epoch trainer it was written for
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules="q_proj,v_proj", critic=False)
+    ppo = PPOConfig(advantage="grpo", actor_lr=2e-6, critic_lr=1e-5, epochs=1, lam=0.95,
+                    packing=False)  # the padded one-epoch trainer it was written for
+    settings = TrainerSettings(actor_path=tiny_actor_path, ppo=ppo, lora=lora)
     trainer = PPOTrainer(settings, init_distributed("cpu"))
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():  # adapters as training would leave them: B no longer zero
@@ -177,7 +179,7 @@ def test_a_lora_sync_pushes_only_the_adapted_linears_and_serves_the_merged_model
     assert pushed and {n.split(".")[-2] for n in pushed} == {"q_proj", "v_proj"}
 
     merged = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32),
-                            lora.peft_config())
+                            peft_config(lora))
     missing, unexpected = merged.load_state_dict(adapter, strict=False)
     assert not unexpected and not [k for k in missing if "lora_" in k]
     merged = merged.merge_and_unload()

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from colocate.trainer.errors import TrainerConfigError
-from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer
+from colocate.trainer.sections import LoraConfig
 from tests.integration.test_trainer import assert_same_tensors, grouped, rollout_batch, settings_for, world2_step
 
 
@@ -52,7 +52,7 @@ CASES = {
     "padded": dict(packing=False),
     "packed": dict(packing=True),
     "shared_prefix": dict(packing=True, shared_prefix=True, micro_batch_tokens=24),  # groups split over micro-batches
-    "lora": dict(packing=True, lora=LoraSettings(rank=4, alpha=8)),
+    "lora": dict(packing=True, lora=LoraConfig(rank=4, alpha=8)),
     "checkpointing": dict(packing=True, gradient_checkpointing=True),
     "one_minibatch": dict(packing=True, minibatches=1, epochs=1),
     "is_cap": dict(packing=True, is_cap=1.05),  # deferral's staleness correction: weights from the filled values
@@ -70,7 +70,7 @@ def test_first_minibatch_old_logprobs_from_its_forward_equal_the_pass(world1, ti
     # the pass left exactly the first minibatch's rows (whole groups), and computed the others
     left = (first["left"] == 0).all(-1) & batch.response_mask.any(-1)
     expected = PPOTrainer(settings, world1).old_logprobs(batch)  # a fresh trainer: same weights, same order
-    assert int(left.sum()) == batch.size // settings.minibatches
+    assert int(left.sum()) == batch.size // settings.ppo.minibatches
     torch.testing.assert_close(first["left"][~left], expected[~left], rtol=0, atol=1e-6)
     assert torch.equal(batch.groups[left].unique(return_counts=True)[1], torch.full((int(left.sum()) // 2,), 2))
 

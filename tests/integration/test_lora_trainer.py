@@ -21,13 +21,14 @@ from torch.distributed.tensor import DTensor
 from colocate.trainer import ppo_math
 from colocate.trainer.batch import TrainBatch
 from colocate.trainer.distributed import broadcast_object, decoder_layers, free_port, init_distributed
-from colocate.trainer.lora import LoraSettings, is_lora
+from colocate.trainer.lora import is_lora
 from colocate.trainer.ppo_trainer import PPOTrainer
+from colocate.trainer.sections import LoraConfig
 
 from .test_trainer import assert_same_tensors, ppo_step, rollout_batch, settings_for
 
 RANK, ALPHA = 4, 8.0
-LORA = LoraSettings(rank=RANK, alpha=ALPHA)  # all-linear, actor and critic
+LORA = LoraConfig(rank=RANK, alpha=ALPHA)  # all-linear, actor and critic
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 STEP_BATCH = 20  # rollout_batch seed of the shared runs' step
 
@@ -136,12 +137,13 @@ def test_lora_update_equals_peft_stepped_by_hand(world1, tiny_actor_path, packin
     adv = torch.where(mask, torch.randn(mask.shape, generator=gen), 0.0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert len(trainable) == len(mine)
-    optimizer = torch.optim.AdamW(trainable, lr=settings.actor_lr, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=settings.ppo.actor_lr, weight_decay=settings.ppo.weight_decay)
     for step in range(2):  # the first moves only B (A's gradient is 0 while B is); the second moves A too
         stats = trainer.train_actor(batch, old, adv, current_version=0)
-        loss, _ = ppo_math.policy_loss(reference_logp(model, batch), old, adv, mask, settings.clip_eps, "token-mean")
+        loss, _ = ppo_math.policy_loss(reference_logp(model, batch), old, adv, mask, settings.ppo.clip_eps,
+                                       "token-mean")
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable, settings.ppo.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         assert stats["steps"] == 1 and stats["clip_frac"] > 0, stats
@@ -248,7 +250,8 @@ def test_sync_holds_only_the_targeted_linears_qwen(world1, tiny_qwen_path):
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_changes_nothing(world1, tiny_actor_path, lora_run, full_run, lora):
     base = lora_run if lora else full_run
-    settings = dataclasses.replace(base.trainer.settings, gradient_checkpointing=True)
+    settings = base.trainer.settings
+    settings = dataclasses.replace(settings, ppo=dataclasses.replace(settings.ppo, gradient_checkpointing=True))
     run = stepped_run(settings, world1)
     assert run.forwards > base.forwards, (run.forwards, base.forwards)  # layers ran again in backward: it checkpoints
     for phase in ("actor", "critic"):

@@ -18,8 +18,8 @@ import torch
 from colocate import api
 from colocate.config import load_config
 from colocate.trainer.advantages import actor_inputs
-from colocate.trainer.lora import LoraSettings
 from colocate.trainer.ppo_trainer import PPOTrainer
+from colocate.trainer.sections import LoraConfig
 from tests.integration.test_first_forward import actor_step, same_steps
 from tests.integration.test_trainer import assert_same_tensors, grouped, rollout_batch, settings_for, world2_step
 
@@ -27,7 +27,7 @@ PATHS = {
     "padded": dict(packing=False),
     "packed": dict(packing=True, shared_prefix=False),
     "shared_prefix": dict(packing=True, shared_prefix=True, micro_batch_tokens=24),  # groups split over micro-batches
-    "lora": dict(packing=True, lora=LoraSettings(rank=4, alpha=8)),
+    "lora": dict(packing=True, lora=LoraConfig(rank=4, alpha=8)),
 }
 
 
@@ -91,7 +91,7 @@ FIRST = {
     "packed_seq_mis": dict(packing=True, rollout_correction="seq_mis", rollout_correction_upper=1.1),
     "shared_icepop": dict(packing=True, shared_prefix=True, micro_batch_tokens=24, rollout_correction="icepop",
                           rollout_correction_lower=0.8, rollout_correction_upper=1.25),
-    "lora_token_mis": dict(packing=True, lora=LoraSettings(rank=4, alpha=8), rollout_correction="token_mis",
+    "lora_token_mis": dict(packing=True, lora=LoraConfig(rank=4, alpha=8), rollout_correction="token_mis",
                            rollout_correction_upper=1.2),
     "seq_mean_seq_mis": dict(packing=True, loss_agg="seq-mean-token-mean", rollout_correction="seq_mis",
                              rollout_correction_upper=1.1),

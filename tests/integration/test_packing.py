@@ -13,6 +13,7 @@ from colocate.trainer.critic import ValueModel
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 from colocate.trainer.varlen_attention import register_varlen_sdpa
+from tests.trainer_settings import settings_of
 
 TOL = dict(rtol=0, atol=1e-5)
 
@@ -39,7 +40,7 @@ def settings_for(path: str, **overrides) -> TrainerSettings:
     loss and grad_norm stats (rel 1e-4)."""
     base = dict(actor_path=path, actor_lr=1e-4, critic_lr=1e-4, minibatches=2, micro_batch=3, seed=0,
                 micro_batch_tokens=64, packing=True, epochs=1, lam=0.95)
-    return TrainerSettings(**(base | overrides))
+    return settings_of(**(base | overrides))
 
 
 def ppo_step(trainer: PPOTrainer, batch: TrainBatch) -> dict:

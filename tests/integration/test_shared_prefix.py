@@ -14,14 +14,15 @@ import torch
 from colocate.trainer.batch import TrainBatch, make_batch
 from colocate.trainer.critic import ValueModel
 from colocate.trainer.forward import packed_policy_forward, packed_value_forward, policy_forward, value_forward
-from colocate.trainer.lora import LoraSettings, add_lora
+from colocate.trainer.lora import add_lora
 from colocate.trainer.packed import FLEX_BLOCK, pack, prefix_groups, trainer_tokens, visible
 from colocate.trainer.ppo_trainer import PPOTrainer
+from colocate.trainer.sections import LoraConfig
 from colocate.trainer.varlen_attention import register_varlen_sdpa
 
 from .test_packing import TOL, assert_states_close, settings_for
 
-LORA = LoraSettings(rank=4, alpha=8.0)
+LORA = LoraConfig(rank=4, alpha=8.0)
 
 
 def group_batch(seed: int, sizes: tuple[int, ...] = (4, 3, 4, 1), version: int = 0) -> TrainBatch:

@@ -20,6 +20,8 @@ from colocate.trainer.batch import TrainBatch, make_batch
 from colocate.trainer.critic import ValueModel
 from colocate.trainer.distributed import DistInfo, broadcast_object, free_port, init_distributed
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from colocate.trainer.sections import PPOConfig
+from tests.trainer_settings import settings_of
 
 ROWS = 8
 
@@ -41,7 +43,7 @@ def rollout_batch(seed: int, rows: int = ROWS, version: int = 0) -> TrainBatch:
 def settings_for(actor_path: str, **overrides) -> TrainerSettings:
     base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=4, seed=0,
                 epochs=1, lam=0.95, packing=False)  # the trainer these tests were written for (padded, one epoch)
-    return TrainerSettings(**(base | overrides))
+    return settings_of(**(base | overrides))
 
 
 def ppo_step(trainer: PPOTrainer, batch: TrainBatch, version: int = 0) -> dict:
@@ -231,7 +233,7 @@ def test_settings_are_validated(tiny_actor_path):
     from colocate.trainer.errors import TrainerConfigError
 
     with pytest.raises(TrainerConfigError, match="loss_agg"):
-        TrainerSettings(actor_path=tiny_actor_path, loss_agg="sum")
+        TrainerSettings(actor_path=tiny_actor_path, ppo=PPOConfig(loss_agg="sum"))
     assert TrainerSettings(actor_path="a").critic_source == "a"
 
 

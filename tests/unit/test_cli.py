@@ -106,3 +106,14 @@ def test_the_lost_rank_line_names_the_collective_error(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("error: another rank went away during a collective (Connection closed by peer [127.0.0.1]:5000); "
                    "the rank that failed first says why (the launcher's last line names it)")
+
+
+def test_a_section_is_checked_once_the_file_and_the_overrides_both_apply(tmp_path):
+    """ppo.kl_coef=0 alone is refused (0 only with ppo.kl_kind=fixed): from the file with
+    the other half in --set, the section is built once, from both."""
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("ppo:\n  kl_coef: 0\n")
+    result = CliRunner().invoke(main, ["train", str(cfg), "--set", "ppo.kl_kind=fixed", "--print-config"])
+    assert result.exit_code == 0 and "kl_kind: fixed" in result.output
+    result = CliRunner().invoke(main, ["train", str(cfg), "--print-config"])
+    assert result.exit_code == 2 and "ppo.kl_coef must be > 0" in result.output

@@ -4,7 +4,6 @@ folder give the trained PEFT actor's logits; reuse; a checkpoint that does not f
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
@@ -20,7 +19,7 @@ from colocate.config import load_config, to_dict
 from colocate.errors import ConfigError
 from colocate.tools.export import export_actor
 from colocate.assets.models import build_tiny_causal_lm
-from colocate.trainer.lora import LoraSettings, add_lora
+from colocate.trainer.lora import add_lora
 from colocate.trainer.optim import build_adamw, full_training_state
 
 IDS = torch.tensor([[1, 17, 42, 99, 7, 130, 64, 3]])  # a fixed input, ids of the tiny vocabulary
@@ -51,7 +50,7 @@ def lora_run(tmp_path_factory):
     run = tmp / "run"
     run.mkdir()
     cfg = _config(run, base, "lora.rank=4", "lora.alpha=8")
-    actor = add_lora(_hf(base), LoraSettings(**dataclasses.asdict(cfg.lora)))
+    actor = add_lora(_hf(base), cfg.lora)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in actor.parameters():

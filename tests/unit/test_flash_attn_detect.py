@@ -12,8 +12,11 @@ import sys
 import pytest
 
 from colocate.trainer import settings as settings_mod
+from colocate.trainer.sections import PPOConfig
 from colocate.trainer.settings import TrainerSettings, flash_attn_2_available
 from colocate.trainer.varlen_attention import VARLEN_SDPA
+
+PACKED = PPOConfig(packing=True)
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def clean_flash_attn(monkeypatch):
 
 
 def _cuda_bf16() -> TrainerSettings:
-    return TrainerSettings(actor_path="/m", device="cuda:0", dtype="bfloat16", packing=True)
+    return TrainerSettings(actor_path="/m", device="cuda:0", dtype="bfloat16", ppo=PACKED)
 
 
 def test_a_namespace_only_flash_attn_4_is_not_flash_attention_2(tmp_path, monkeypatch, clean_flash_attn):
@@ -58,9 +61,10 @@ def test_flash_attention_2_needs_its_interface_and_transformers_consent(tmp_path
     assert flash_attn_2_available() is True
     assert _cuda_bf16().attn_implementation == "flash_attention_2" and _cuda_bf16().token_budget == 8192
     # never on CPU, in float32 or padded
-    assert TrainerSettings(actor_path="/m", device="cpu", dtype="bfloat16", packing=True).attn_implementation == VARLEN_SDPA
-    assert TrainerSettings(actor_path="/m", device="cuda", dtype="float32", packing=True).attn_implementation == VARLEN_SDPA
-    assert TrainerSettings(actor_path="/m", device="cuda", dtype="bfloat16", packing=False).attn_implementation is None
+    assert TrainerSettings(actor_path="/m", device="cpu", dtype="bfloat16", ppo=PACKED).attn_implementation == VARLEN_SDPA
+    assert TrainerSettings(actor_path="/m", device="cuda", dtype="float32", ppo=PACKED).attn_implementation == VARLEN_SDPA
+    padded = PPOConfig(packing=False)
+    assert TrainerSettings(actor_path="/m", device="cuda", dtype="bfloat16", ppo=padded).attn_implementation is None
     # transformers says no (e.g. an FA2 older than 2.3.3, or no CUDA): not flash_attention_2
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
     assert flash_attn_2_available() is False
@@ -81,9 +85,9 @@ def test_an_attention_asked_for_by_name(clean_flash_attn):
     """`ppo.attention`: sdpa is the per-sequence sdpa when packed and transformers' own when
     padded; flex attention shares prefixes with the flash-attention budget, on CUDA only;
     flash-attention 2 only where it is installed. The refusals are one line naming the field."""
-    def named(attention: str, **kw) -> TrainerSettings:
-        return TrainerSettings(actor_path="/m", attention=attention, **({"device": "cuda:0", "dtype": "bfloat16",
-                                                                         "packing": True} | kw))
+    def named(attention: str, packing: bool = True, **kw) -> TrainerSettings:
+        return TrainerSettings(actor_path="/m", ppo=PPOConfig(attention=attention, packing=packing),
+                               **({"device": "cuda:0", "dtype": "bfloat16"} | kw))
 
     # sdpa's micro-batches: 8192 tokens on CUDA (3.2x faster than 1024 on an H100), 1024 on the CPU
     assert named("sdpa").attn_implementation == VARLEN_SDPA and named("sdpa").token_budget == 8192

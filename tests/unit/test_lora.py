@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from colocate.trainer.errors import TrainerConfigError
-from colocate.trainer.lora import LoraSettings, adapted_weight, add_lora, is_lora, merged_weights
+from colocate.trainer.lora import adapted_weight, add_lora, is_lora, merged_weights, peft_config
+from colocate.trainer.sections import LoraConfig
 
 RANK, ALPHA = 4, 8.0
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # all-linear on Llama
@@ -70,23 +71,23 @@ def test_merged_weights_refuse_a_missing_pair(peft_model):
 
 
 @pytest.mark.parametrize("field, value", [("rank", -1), ("alpha", 0.0), ("dropout", 1.0), ("target_modules", " ")])
-def test_lora_settings_name_the_bad_field(field, value):
-    with pytest.raises(TrainerConfigError, match=rf"invalid lora setting\(s\) \['{field}'\]"):
-        LoraSettings(**{field: value})
+def test_the_lora_section_names_the_bad_field(field, value):
+    with pytest.raises(TrainerConfigError, match=rf"^lora\.{field} must"):
+        LoraConfig(**{field: value})
 
 
-def test_lora_settings_derived_values():
-    off = LoraSettings()
+def test_the_lora_sections_derived_values():
+    off = LoraConfig()
     assert not off.on_actor and not off.on_critic  # rank 0: full fine-tuning
-    only_actor = LoraSettings(rank=8, alpha=32.0, critic=False)
+    only_actor = LoraConfig(rank=8, alpha=32.0, critic=False)
     assert only_actor.on_actor and not only_actor.on_critic and only_actor.scaling == 4.0
-    assert LoraSettings(rank=2, target_modules=" q_proj , v_proj ").peft_config().target_modules == {"q_proj", "v_proj"}
+    assert peft_config(LoraConfig(rank=2, target_modules=" q_proj , v_proj ")).target_modules == {"q_proj", "v_proj"}
 
 
 def test_add_lora_freezes_the_base_and_refuses_a_target_matching_nothing():
-    model = add_lora(tiny_llama(), LoraSettings(rank=RANK, alpha=ALPHA, target_modules="q_proj,v_proj"))
+    model = add_lora(tiny_llama(), LoraConfig(rank=RANK, alpha=ALPHA, target_modules="q_proj,v_proj"))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert {n.split(".")[-4] for n in trainable} == {"q_proj", "v_proj"}
     with pytest.raises(TrainerConfigError, match=r"^lora\.target_modules='nope_proj'"):
-        add_lora(tiny_llama(), LoraSettings(rank=RANK, target_modules="nope_proj"))
+        add_lora(tiny_llama(), LoraConfig(rank=RANK, target_modules="nope_proj"))

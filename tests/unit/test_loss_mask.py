@@ -21,6 +21,7 @@ from colocate.trainer import ppo_math as pm
 from colocate.trainer.batch import TrainBatch, make_batch, response_positions
 from colocate.trainer.packed import idle_batch, pack
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
+from tests.trainer_settings import settings_of
 
 VERSION = 3  # the current weight version of the trainer tests
 
@@ -220,7 +221,7 @@ def _one_thread():
 def settings_for(actor_path: str, **overrides) -> TrainerSettings:
     base = dict(actor_path=actor_path, actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batch=2, epochs=2,
                 seed=0, is_cap=2.0, max_staleness=1, lam=0.95, packing=False)
-    return TrainerSettings(**(base | overrides))
+    return settings_of(**(base | overrides))
 
 
 class SpyTrainer(PPOTrainer):
@@ -289,7 +290,8 @@ def test_no_gradient_at_logits_predicting_environment_tokens(world1, tiny_actor_
         assert bool((per_token[trained].abs().sum(-1) > 0).all())  # trained tokens do get a gradient
         env_checked += int(env.sum())
         model_checked += int(trained.sum())
-    assert env_checked == settings_for("").epochs * int((batch.response_mask & ~batch.loss_mask).sum()) and model_checked > 0
+    epochs = settings_for("").ppo.epochs
+    assert env_checked == epochs * int((batch.response_mask & ~batch.loss_mask).sum()) and model_checked > 0
 
 
 def actor_update(trainer: PPOTrainer, batch, old, adv, ref) -> tuple[dict, dict]:
@@ -418,6 +420,6 @@ def test_without_environment_tokens_nothing_changes(world1, tiny_actor_path):
 
 
 def trainer_rewards(trainer: PPOTrainer, batch: TrainBatch, old, ref) -> torch.Tensor:
-    kl = pm.kl_estimate(old, ref, trainer.settings.kl_estimator)
+    kl = pm.kl_estimate(old, ref, trainer.settings.ppo.kl_estimator)
     kl = torch.where(batch.response_mask, kl, torch.zeros_like(kl))
     return pm.token_rewards(batch.scores, kl, batch.response_mask, 0.1)
