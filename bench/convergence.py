@@ -12,7 +12,12 @@ sequential run's final held-out reward; each mode's time to reward is the traini
 at its first evaluation at or above it ("not reached" otherwise). Between steps the
 contention guard records the others' CPU load and can wait for a quiet machine. Each run's
 median step time, training state (``mem/train_state_mb``) and peak resident memory
-(``mem/rss_mb``) are reported beside it.
+(``mem/rss_mb``) are reported beside it. With ``seeds`` > 1 every mode and variant runs once
+per seed (``run.seed`` s, s+1, ...; seed after seed, each seed's runs side by side), each seed's
+runs are compared against that seed's base run (its own target), and the report gives the
+median and range over the seeds: final reward, time to target (and how many seeds reached
+it), speed-up, and the evaluations where a run's best seed is below the base's worst (below
+beyond the seeds' spread).
 
 Owns: the runs' configs, running them, the curve and time-to-reward arithmetic (pure
 functions), the markdown section. Leaves out: the plot (``bench.plots``), throughput.
@@ -36,6 +41,7 @@ class ConvergenceOptions:
     eval_every: int = 3  # held-out evaluation every N steps (and at 0 and the end)
     modes: tuple[str, ...] = ("sequential", "oppo")
     variants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # extra runs: (name, config overrides)
+    seeds: int = 1  # runs of each mode and variant, under run.seed s, s+1, ... (median and range when > 1)
 
 
 def curve(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
@@ -110,25 +116,113 @@ def markdown(summary: dict[str, Any], plot: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def run_key(name: str, seed: int, seeds: int) -> str:
+    """The run of mode or variant ``name`` under the ``seed``-th seed (0-based): the name
+    alone with one seed."""
+    return name if seeds == 1 else f"{name}-seed{seed}"
+
+
 def configs(conv: ConvergenceOptions, base_overrides: Sequence[str], out: Path) -> dict[str, Any]:
-    """One config per mode and per variant: the default task with ``base_overrides``
-    (models, chunk, Δ, the user's), N steps, evaluation every ``eval_every``, no
-    checkpoints; a variant's overrides last (sequential unless they name a mode)."""
+    """One config per mode and per variant (per seed: :func:`run_key`, seed after seed):
+    the default task with ``base_overrides`` (models, chunk, Δ, the user's), N steps,
+    evaluation every ``eval_every``, no checkpoints; a variant's overrides last
+    (sequential unless they name a mode); the k-th seed is ``run.seed`` + k."""
     from colocate.config import load_config
 
-    def config(name: str, *extra: str):
-        return load_config(overrides=[
-            *base_overrides, f"run.out_dir={out / f'convergence-{name}'}", f"run.steps={conv.steps}",
-            f"run.eval_every={conv.eval_every}", "run.save_every=0",
-            "run.overwrite_out_dir=true",  # the bench's own folder: a rerun into the same --out replaces the run
-            *extra])
-
-    runs = {mode: config(mode, f"overlap.mode={mode}") for mode in conv.modes}
-    for name, extra in conv.variants:
-        if name in runs:
+    names = [*conv.modes]
+    for name, _ in conv.variants:
+        if name in names:
             raise ValueError(f"--variant {name!r}: the name of a mode or another variant")
-        runs[name] = config(name, "overlap.mode=sequential", *extra)
+        names.append(name)
+    extra = {**{m: (f"overlap.mode={m}",) for m in conv.modes},
+             **{name: ("overlap.mode=sequential", *x) for name, x in conv.variants}}
+    first = load_config(overrides=list(base_overrides)).run.seed if conv.seeds > 1 else 0
+    runs = {}
+    for k in range(conv.seeds):
+        seed = (f"run.seed={first + k}",) if conv.seeds > 1 else ()
+        for name in names:
+            key = run_key(name, k, conv.seeds)
+            runs[key] = load_config(overrides=[
+                *base_overrides, f"run.out_dir={out / f'convergence-{key}'}", f"run.steps={conv.steps}",
+                f"run.eval_every={conv.eval_every}", "run.save_every=0",
+                "run.overwrite_out_dir=true",  # the bench's own folder: a rerun into the same --out replaces the run
+                *seed, *extra[name]])
     return runs
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """Median, min and max of ``values`` (None when there are none)."""
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def below_base(runs: Sequence[Sequence[dict[str, float]]], base: Sequence[Sequence[dict[str, float]]]) -> list[int]:
+    """The evaluation steps (held by every seed of both) where the best of ``runs``' seeds
+    is below the worst of ``base``'s: below beyond the seeds' spread."""
+    def by_step(curves):
+        return [{p["step"]: p["reward"] for p in points} for points in curves]
+
+    mine, theirs = by_step(runs), by_step(base)
+    steps = set.intersection(*(set(c) for c in mine + theirs)) if mine and theirs else set()
+    return [k for k in sorted(steps) if max(c[k] for c in mine) < min(c[k] for c in theirs)]
+
+
+def summarize_seeds(curves: dict[str, list[dict[str, float]]], conv: ConvergenceOptions,
+                    contended: dict[str, int] | None = None,
+                    metrics: dict[str, Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Each seed's :func:`summarize` (its base run's final reward its target), then per mode
+    and variant the median and range over the seeds (:func:`spread`) of the final reward,
+    the time to target (over the seeds that reached it; ``reached`` counts them), the
+    speed-up over the base and the median step seconds, the contended steps summed, and
+    :func:`below_base`."""
+    names = [*conv.modes, *(name for name, _ in conv.variants)]
+    base = names[0]
+    per_seed = []
+    for k in range(conv.seeds):
+        keys = {name: run_key(name, k, conv.seeds) for name in names}
+        per_seed.append(summarize({n: curves[key] for n, key in keys.items()},
+                                  {n: (contended or {}).get(key, 0) for n, key in keys.items()}, base=base,
+                                  metrics={n: metrics[key] for n, key in keys.items()} if metrics else None))
+    modes = {}
+    for name in names:
+        rows = [s["modes"][name] for s in per_seed]
+        times = [r["time_to_target_s"] for r in rows if r["time_to_target_s"] is not None]
+        modes[name] = {
+            "final_reward": spread([r["final_reward"] for r in rows]), "time_to_target_s": spread(times),
+            "reached": len(times), "speedup_vs_base": spread([r["speedup_vs_base"] for r in rows
+                                                              if r["speedup_vs_base"] is not None]),
+            "step_s_median": spread([r["step_s_median"] for r in rows if "step_s_median" in r]),
+            "contended_steps": sum(r["contended_steps"] for r in rows),
+            "below_base_at": below_base([curves[run_key(name, k, conv.seeds)] for k in range(conv.seeds)],
+                                        [curves[run_key(base, k, conv.seeds)] for k in range(conv.seeds)])}
+    return {"base": base, "seeds": conv.seeds, "targets": [s["target"] for s in per_seed], "per_seed": per_seed,
+            "modes": modes}
+
+
+def markdown_seeds(summary: dict[str, Any], plot: str | None = None) -> str:
+    """The report section over seeds: one row per mode and variant, median [min–max]."""
+    def fmt(s: dict[str, float] | None, f: str, unit: str = "") -> str:
+        if s is None:
+            return "–"
+        return f"{s['median']:{f}}{unit} [{s['min']:{f}}{unit}–{s['max']:{f}}{unit}]"
+
+    base, n = summary["base"], summary["seeds"]
+    targets = ", ".join(f"{t:+.3f}" for t in summary["targets"])
+    lines = ["### time to reward (default task, held-out reward)", "",
+             f"{n} seeds; each seed's target is its `{base}` run's final held-out reward ({targets}). Seconds are "
+             "training seconds (sum of step times up to the evaluation; evaluations and engine start left out). "
+             "Median [min–max] over the seeds.", "",
+             f"| run | final held-out reward | time to target s | reached | speed-up vs {base} | median step s "
+             f"| below {base} beyond the spread at steps | contended steps |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in summary["modes"].items():
+        below = ", ".join(str(k) for k in m["below_base_at"]) or "none"
+        lines.append(f"| {name} | {fmt(m['final_reward'], '+.3f')} | {fmt(m['time_to_target_s'], '.1f')} | "
+                     f"{m['reached']}/{n} | {fmt(m['speedup_vs_base'], '.2f', 'x')} | {fmt(m['step_s_median'], '.1f')} "
+                     f"| {below} | {m['contended_steps']} |")
+    if plot:
+        lines += ["", f"![convergence]({plot})"]
+    return "\n".join(lines)
 
 
 def run_mode(cfg, guard: GuardOptions | None, log: Callable[[str], None], name: str = "") -> dict[str, Any]:

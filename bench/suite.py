@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from colocate.bench import contention, convergence, limit, plots, report, requests, runner
 from colocate.bench.contention import GuardOptions, guarded
@@ -360,9 +361,13 @@ def _convergence(opts: BenchOptions, actor: str, rm: str, out: Path, guard: Guar
         runs[mode] = convergence.run_mode(cfg, guard, log, name=mode)
     curves = {m: convergence.curve(r["metrics"], r["evals"]) for m, r in runs.items()}
     contended = {m: sum(x["contended"] for x in r["loads"]) for m, r in runs.items()}
-    summary = convergence.summarize(curves, contended, base=conv.modes[0],
-                                    metrics={m: r["metrics"] for m, r in runs.items()})
-    _draw(log, plots.convergence, curves, summary["target"], out / "convergence.png",
-          "held-out reward vs training seconds")
+    metrics = {m: r["metrics"] for m, r in runs.items()}
+    if conv.seeds > 1:
+        summary = convergence.summarize_seeds(curves, conv, contended, metrics)
+        target, section = statistics.median(summary["targets"]), convergence.markdown_seeds
+    else:
+        summary = convergence.summarize(curves, contended, base=conv.modes[0], metrics=metrics)
+        target, section = summary["target"], convergence.markdown
+    _draw(log, plots.convergence, curves, target, out / "convergence.png", "held-out reward vs training seconds")
     results["convergence"] = {"runs": runs, "curves": curves, "summary": summary}
-    return [convergence.markdown(summary, "convergence.png"), ""]
+    return [section(summary, "convergence.png"), ""]

@@ -174,10 +174,13 @@ def _bench_default(module: str, cls: str, field: str):
               help="--convergence: one more run named NAME with these config overrides (sequential unless "
               'they set overlap.mode), e.g. --variant "grpo ppo.advantage=grpo rollout.group_size=4 '
               'ppo.kl_in=loss". Repeatable.')
+@click.option("--seeds", type=int, default=_bench_default("convergence", "ConvergenceOptions", "seeds"),
+              show_default="1", help="--convergence: runs of each mode and variant, under run.seed s, s+1, ...; "
+              "the report gives the median and range over them.")
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
 def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides,
-          contended_above, quiet_wait, convergence, convergence_steps, eval_every, variants, out):
+          contended_above, quiet_wait, convergence, convergence_steps, eval_every, variants, seeds, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
     peer, the lower bound; writes report.md, results.json and plots. With
     --convergence: time to reward (sequential vs oppo) instead.
@@ -189,6 +192,7 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
       colocate bench --gpu --budget-s 420        # one lent GPU (scripts/gpu_bench.sh)
       colocate bench --full --convergence --convergence-steps 30
       colocate bench --full --convergence --variant "grpo ppo.advantage=grpo rollout.group_size=4"
+      colocate bench --full --convergence --modes sequential --seeds 3 --variant "bf16 models.dtype=bfloat16"
     """
     # here, not at the top: `colocate train` never imports the bench
     from colocate.bench.contention import GuardOptions
@@ -205,8 +209,10 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
                             f"MODE/PAUSE, PAUSE one of {list(PAUSE_MODES)}), workloads {sorted(WORKLOADS)}")
     if shape and shape not in MODEL_SHAPES:
         raise ColocateError(f"--shape: unknown {shape!r}; choose from {sorted(MODEL_SHAPES)}")
-    if convergence and (convergence_steps < 1 or eval_every < 1):
-        raise ColocateError("--convergence-steps and --eval-every must be >= 1")
+    if convergence and (convergence_steps < 1 or eval_every < 1 or seeds < 1):
+        raise ColocateError("--convergence-steps, --eval-every and --seeds must be >= 1")
+    if seeds != 1 and not convergence:
+        raise ColocateError("--seeds repeats the --convergence study's runs; add --convergence")
     parsed = tuple((v.split()[0], tuple(v.split()[1:])) for v in variants if v.split())
     if parsed and not convergence:
         raise ColocateError("--variant is a run of the --convergence study; add --convergence")
@@ -218,7 +224,7 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
         raise ColocateError(f"--variant {clash[0]!r}: already the name of a mode or another variant; pick another")
     # --convergence runs sequential and oppo unless --modes names its own (e.g. sequential alone beside variants)
     given = click.get_current_context().get_parameter_source("modes") != click.core.ParameterSource.DEFAULT
-    conv = (ConvergenceOptions(steps=convergence_steps, eval_every=eval_every, variants=parsed,
+    conv = (ConvergenceOptions(steps=convergence_steps, eval_every=eval_every, variants=parsed, seeds=seeds,
                                **({"modes": mode_list} if given else {}))
             if convergence else None)
     opts = BenchOptions(preset=preset, workloads=wl, modes=mode_list, repeats=repeats, steps=steps,

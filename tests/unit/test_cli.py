@@ -57,6 +57,8 @@ def test_bench_rejects_unknown_mode():
     (["--convergence", "--variant", "oppo ppo.advantage=grpo"], "already the name"),
     (["--convergence", "--modes", "sequential", "--variant", "inter ppo.epochs=1"], "already the name"),
     (["--convergence", "--variant", "a ppo.epochs=1", "--variant", "a ppo.epochs=2"], "already the name"),
+    (["--seeds", "3"], "--seeds repeats the --convergence study's runs; add --convergence"),
+    (["--convergence", "--seeds", "0"], "--seeds must be >= 1"),
 ])
 def test_bench_variant_errors_are_one_line(args, needle):
     result = CliRunner().invoke(main, ["bench", *args])
