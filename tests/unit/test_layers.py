@@ -260,3 +260,54 @@ def test_config_field_check_catches_a_named_field(tmp_path):
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "reward.py").write_text('fix = "lower rollout.max_new_tokens"\nx = self.rollout.max_new_tokens\n')
     assert config_fields_named(tmp_path) == ["engine/reward.py:1 names rollout.max_new_tokens"]
+
+
+# where a sample's status may change: the step's schedule, and Sample's own derivation of it
+STATUS_HOME = "colocate/rollout/schedule.py"
+
+
+def status_changes(root: Path = ROOT) -> list[str]:
+    """Assignments to an attribute ``status`` and calls of ``settle()`` anywhere in colocate/,
+    engine/, trainer/ and bench/ but the schedule (``STATUS_HOME``), and in
+    colocate/rollout/sample.py but ``Sample.__post_init__`` (a stored value back to its
+    member) and ``Sample.settle`` (the rule the schedule applies)."""
+    found = []
+    for folder in ("colocate", "engine", "trainer", "bench"):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            if rel == STATUS_HOME or "cpu_kernel" in path.parts:
+                continue
+            tree = ast.parse(path.read_text(), rel)
+            allowed = set()
+            if rel == "colocate/rollout/sample.py":
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.FunctionDef) and node.name in ("__post_init__", "settle"):
+                        allowed |= {id(n) for n in ast.walk(node)}
+            for node in ast.walk(tree):
+                if id(node) in allowed:
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+                if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets):
+                    found.append(f"{rel}:{node.lineno} sets a status")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "settle":
+                    found.append(f"{rel}:{node.lineno} settles a status")
+    return found
+
+
+def test_every_status_change_happens_in_the_schedule():
+    """A sample's status changes in one module (issue 52): running, parked, finished or
+    deferred as its stream starts, parks and ends (``colocate/rollout/schedule.py``)."""
+    assert status_changes() == []
+
+
+def test_status_check_catches_a_change_elsewhere(tmp_path):
+    (tmp_path / "colocate" / "rollout").mkdir(parents=True)
+    (tmp_path / "colocate" / "rollout" / "generation.py").write_text(
+        "def go(s):\n    s.status = 1\n    s.settle()\n")
+    (tmp_path / "colocate" / "rollout" / "schedule.py").write_text("def go(s):\n    s.status = 1\n    s.settle()\n")
+    (tmp_path / "colocate" / "rollout" / "sample.py").write_text(
+        "class Sample:\n    def settle(self):\n        self.status = 2\n\n    def other(self):\n        self.status = 3\n")
+    assert status_changes(tmp_path) == ["colocate/rollout/generation.py:2 sets a status",
+                                        "colocate/rollout/generation.py:3 settles a status",
+                                        "colocate/rollout/sample.py:6 sets a status"]
