@@ -174,7 +174,9 @@ class LiveRequests:
                     r.task.cancel()  # its stream settles the sample as it ends (`_life`)
                 elif not r.task.cancelled():
                     r.task.exception()  # seen: an aborted stream's error is no one's
-            await asyncio.gather(*(r.task for r in reqs), return_exceptions=True)
+            cancelled = [r.task for r in reqs if not r.task.done()]
+            if cancelled:  # their samples settle as the cancellation ends them; bounded, never forever
+                await asyncio.wait(cancelled, timeout=5.0)
         return len(reqs)
 
 
