@@ -21,11 +21,14 @@ penalty summed over the response when KL is in the reward), the losses.
 
 from __future__ import annotations
 
+import typing
+
 import torch
 
 from .ppo_math import masked_whiten
+from .sections import Advantage
 
-ADVANTAGES: tuple[str, ...] = ("gae", "grpo", "rloo", "reinforce_baseline")
+ADVANTAGES: tuple[str, ...] = typing.get_args(Advantage)
 CRITIC_FREE: tuple[str, ...] = ("grpo", "rloo", "reinforce_baseline")
 EPS = 1e-6  # added to a group's std (verl's epsilon)
 

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 import torch
 
 from . import ppo_math
+from .sections import CorrectionKind
 
-CORRECTIONS: tuple[str, ...] = ("none", "token_mis", "seq_mis", "icepop")
+CORRECTIONS: tuple[str, ...] = typing.get_args(CorrectionKind)
 # method -> (default lower bound, None: 1 / upper; default upper bound)
 _BANDS: dict[str, tuple[float | None, float]] = {"token_mis": (None, 2.0), "seq_mis": (None, 1.001),
                                                  "icepop": (0.5, 5.0)}

@@ -20,14 +20,14 @@ old values, returns, importance weights) and keep the graph only through `logp`/
 
 from __future__ import annotations
 
-from typing import Literal
+import typing
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLKind = Literal["k1", "k2", "k3"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+from .sections import AggMode, KLKind
+
+AGG_MODES: tuple[str, ...] = typing.get_args(AggMode)
+KL_KINDS: tuple[str, ...] = typing.get_args(KLKind)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -24,6 +24,13 @@ from typing import Any, Literal
 
 from .errors import TrainerConfigError
 
+# the choices of the trainer's named methods, written once: the section's field types, and
+# the trainer's own lists of them (`ppo_math`, `estimators`, `mismatch`: ``typing.get_args``)
+KLKind = Literal["k1", "k2", "k3"]
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+Advantage = Literal["gae", "grpo", "rloo", "reinforce_baseline"]
+CorrectionKind = Literal["none", "token_mis", "seq_mis", "icepop"]
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
@@ -44,9 +51,9 @@ class PPOConfig:
     kl_coef: float = 0.05
     kl_target: float = 6.0
     kl_horizon: int = 10000
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: KLKind = "k1"
     whiten_advantages: bool = True
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    loss_agg: AggMode = "token-mean"
     value_coef: float = 1.0
     packing: bool = True  # padding-free packed rows in every trainer pass (false: right-padded rows)
     micro_batch_tokens: int = 0  # packed: tokens per micro-batch (0: auto: 8192 on CUDA, 1024 on the CPU)
@@ -54,7 +61,7 @@ class PPOConfig:
     old_logp: Literal["recompute", "rollout"] = "recompute"  # rollout: the engine's sampling log-probs
     # advantage estimator: gae (with a critic) or critic-free over rollout.group_size samples
     # per prompt: grpo, rloo, reinforce_baseline (no critic is built, trained or saved)
-    advantage: Literal["gae", "grpo", "rloo", "reinforce_baseline"] = "gae"
+    advantage: Advantage = "gae"
     norm_adv_by_std: bool = True  # grpo: divide by the group's std (false: Dr. GRPO; verl's norm_adv_by_std_in_grpo)
     kl_in: Literal["reward", "loss"] = "reward"  # KL to the reference: per-token reward penalty | k3 loss term
     # recompute activations layer by layer in backward (verl's enable_gradient_checkpointing,
@@ -69,7 +76,7 @@ class PPOConfig:
     # none, or masked IS leaving tokens whose pi_old / pi_behaviour is outside a band out of the
     # loss: token_mis (per token, [1/2, 2]), seq_mis (a sequence whole on its geometric-mean
     # ratio, [1/1.001, 1.001]), icepop (per token, [0.5, 5]); a bound of 0 keeps the method's
-    rollout_correction: Literal["none", "token_mis", "seq_mis", "icepop"] = "none"
+    rollout_correction: CorrectionKind = "none"
     rollout_correction_lower: float = 0.0  # 0: 1 / upper (token_mis, seq_mis), 0.5 (icepop)
     rollout_correction_upper: float = 0.0  # 0: 2 (token_mis), 1.001 (seq_mis), 5 (icepop)
 
