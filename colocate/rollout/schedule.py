@@ -205,7 +205,7 @@ class _Clock:
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
-    sample = run.start(sample, tag, lambda s, relay: generation.stream_sample(
+    run.start(sample, tag, lambda s, relay: generation.stream_sample(
         actor, s, sampling, tag, relay, run.timeline, run.turns, go_on=run.next_turn(s.index, relay)))
     chunker = Chunker(client, step, sample.index, sample.prompt_ids + sample.output_ids, chunk) if client is not None else None
     if client is not None:
@@ -248,7 +248,7 @@ class _Run:
 
         return go_on
 
-    def start(self, sample: Sample, tag: str, stream) -> Sample:
+    def start(self, sample: Sample, tag: str, stream) -> None:
         """``sample``'s stream this step: its parked one adopted from ``live``, or a new one
         (none for a sample whose stream ended while parked: it is only scored)."""
         req = self.live.adopt(sample.index) if self.live is not None else None
@@ -261,7 +261,6 @@ class _Run:
                 raise RuntimeError(f"sample {sample.index}: launched as another object than its parked stream's")
             mark(self.timeline, "adopt", sample.index, prior=len(sample.output_ids))
         self.streams[sample.index] = req
-        return sample
 
 
 async def _life(sample: Sample, stream) -> Sample:
