@@ -28,6 +28,11 @@ CPU = "engines.device=cpu"  # every run of the suite: engines and trainer on CPU
 # and in float32: models.dtype=auto picks bfloat16 on CPUs that multiply it natively
 # (trainer/precision.py), which would make the suite's exact comparisons depend on the machine
 FLOAT32 = "models.dtype=float32"
+# and one thread per engine: the auto budget (run/builder.engine_threads, unit-tested in
+# tests/unit/test_engine_threads.py) gives a sequential run's engines every core and an
+# overlapped one's half, and an engine's threads are fixed when it starts, so with it a
+# sequential and an oppo run on the same models could not share the pool's engines
+THREADS = ("engines.actor_threads=1", "engines.reward_threads=1")
 POOL = pytest.StashKey[EnginePool]()  # the session's engine pool, for the summary line
 
 
@@ -127,10 +132,12 @@ def _few_threads():
 
 
 @pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory):
+def tiny_pair(tmp_path_factory, tiny_actor_path, tiny_rm_path):
     """Builds a tiny (actor, reward model) pair of folders: ``tiny_pair(name, actor_seed,
-    rm_seed)``; the same seeds give the same folders (built once, under the first name)."""
-    built: dict[tuple[int, int], tuple[str, str]] = {}
+    rm_seed)``; the same seeds give the same folders (built once, under the first name;
+    seeds 0 and 2: the session's ``tiny_actor_path`` and ``tiny_rm_path``, so runs on either
+    share the pool's engines)."""
+    built: dict[tuple[int, int], tuple[str, str]] = {(0, 2): (tiny_actor_path, tiny_rm_path)}
 
     def build(name: str, actor_seed: int, rm_seed: int) -> tuple[str, str]:
         if (actor_seed, rm_seed) not in built:
@@ -162,4 +169,5 @@ def _run_overrides(models: tuple[str, str], out_dir, *extra: str) -> list[str]:
     actor, rm = models
     return [f"models.actor={actor}", f"models.reward={rm}", f"run.out_dir={out_dir}",
             "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512",
-            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", CPU, FLOAT32, *extra]
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", CPU, FLOAT32, *THREADS,
+            *extra]

@@ -15,6 +15,7 @@ from colocate import api, cli
 from colocate.monitor import completions
 from colocate.run import checkpoint
 from colocate.config import load_config
+from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
 OFFSET = 1000.0  # far above what the tiny random reward model scores
@@ -25,7 +26,7 @@ def config(tiny_actor_path, tiny_rm_path, out_dir, *extra):
         f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={out_dir}",
         "rollout.batch_size=4", "rollout.max_new_tokens=12", "ppo.minibatches=2", "run.steps=2",
         "run.save_every=1", "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
-        "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32", *extra])
+        "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32", *THREADS, *extra])
 
 
 @pytest.mark.parametrize("mode", ["sequential", "oppo"])

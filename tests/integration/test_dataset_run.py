@@ -9,6 +9,7 @@ import pytest
 
 from colocate import api
 from colocate.config import load_config
+from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def test_a_run_on_a_parquet_dataset_of_chat_messages(tiny_actor_path, tiny_rm_pa
         f"data.source={source}", "data.prompt_key=messages", "data.answer_key=solution", "data.eval_prompts=0",
         "rollout.batch_size=4", "rollout.max_new_tokens=8", "ppo.minibatches=2", "run.steps=1", "run.save_every=1",
         "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192",
-        "engines.device=cpu", "models.dtype=float32"])
+        "engines.device=cpu", "models.dtype=float32", *THREADS])
     summary = api.train(cfg, reward_fns=[answer_check], quiet=True, engines=engine_pool)
     assert [h["trained_samples"] for h in summary.history] == [4]
     assert len(seen) >= 4

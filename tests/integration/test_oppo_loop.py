@@ -7,6 +7,7 @@ import pytest
 from colocate import api
 from colocate.config import load_config
 from colocate.rollout.data_source import response_budget
+from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ def config(models, out_dir, *extra):
         "rollout.batch_size=4", "rollout.max_new_tokens=24", "ppo.minibatches=2",
         "data.max_prompt_tokens=512", "ppo.actor_lr=1e-3", "ppo.critic_lr=1e-3",
         "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192",
-        "run.save_every=1", "engines.device=cpu", "models.dtype=float32", *extra])
+        "run.save_every=1", "engines.device=cpu", "models.dtype=float32", *THREADS, *extra])
 
 
 @pytest.mark.parametrize("mode", ["intra", "inter", "oppo"])

@@ -15,6 +15,7 @@ from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.engine.streamed import ScoreClient
 from colocate.rollout.scoring import Scorer
+from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -121,7 +122,7 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
         "overlap.mode=intra", "overlap.feeder=process", "overlap.feeder_timeout_s=5",
         "overlap.chunk_size=2", "rollout.batch_size=4", "rollout.max_new_tokens=200",
         "data.max_prompt_tokens=512", "run.steps=1",
-        "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32"])
+        "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32", *THREADS])
     session = builder.build(cfg, log=lambda m: None, engines=engine_pool)
     pid = session.rollouts.feeder_pid()
     assert pid is not None
@@ -162,7 +163,7 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
             f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path / feeder}",
             "overlap.mode=intra", f"overlap.feeder={feeder}", "overlap.chunk_size=4", "rollout.batch_size=4",
             "rollout.max_new_tokens=8", "data.max_prompt_tokens=512", "data.eval_prompts=4", "run.steps=2",
-            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32",
+            "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu", "models.dtype=float32", *THREADS,
             *extra]), log=lambda m: None, engines=engine_pool)
 
     inline = session("inline")

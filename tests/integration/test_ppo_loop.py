@@ -9,6 +9,7 @@ import torch
 
 from colocate import api
 from colocate.config import load_config
+from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def config(models, out_dir, *extra):
         "rollout.batch_size=4", "rollout.max_new_tokens=12", "ppo.minibatches=2",
         "data.max_prompt_tokens=512", "ppo.actor_lr=1e-3", "ppo.critic_lr=1e-3",
         "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192",
-        "run.save_every=1", "engines.device=cpu", "models.dtype=float32", *extra])
+        "run.save_every=1", "engines.device=cpu", "models.dtype=float32", *THREADS, *extra])
 
 
 def test_three_steps_sync_weights_and_learn_something(models, tmp_path, engine_pool):
