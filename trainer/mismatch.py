@@ -19,13 +19,14 @@ band [lower, upper] out of the loss and weights the others by their ratio
   M(k) = k if alpha <= k <= beta else 0, alpha 0.5, beta 5; slime's ``icepop_function``,
   AReaL's ``icepop_alpha``/``icepop_beta``).
 
-Owns: the methods (`CORRECTIONS`) and their bands (`band`), the per-token log-ratio, the
-sequence's geometric-mean log-ratio, the band mask, the weights, `Correction` (a method,
-its band and the TIS cap, as `TrainerSettings.correction` gives it) and the masked share.
-Leaves out: which tokens are trained before the correction (stale ones,
-`trainer/advantages.py`), the first minibatch's old log-probs (`trainer/first_forward.py`),
-the loss (`ppo_math.policy_loss`: the weights multiply each token's loss; the kept tokens
-are its loss mask, so a masked token leaves the loss's denominator as well, verl's way).
+Owns: the methods (`CORRECTIONS`), the per-token log-ratio, the sequence's geometric-mean
+log-ratio, the band mask, the weights, `Correction` (a method, its band and the TIS cap, as
+`TrainerSettings.correction` gives it) and the masked share.
+Leaves out: each method's band (``band`` in `trainer/sections.py`, checked at config load),
+which tokens are trained before the correction (stale ones, `trainer/advantages.py`), the
+first minibatch's old log-probs (`trainer/first_forward.py`), the loss
+(`ppo_math.policy_loss`: the weights multiply each token's loss; the kept tokens are its
+loss mask, so a masked token leaves the loss's denominator as well, verl's way).
 """
 
 from __future__ import annotations
@@ -37,31 +38,9 @@ import typing
 import torch
 
 from . import ppo_math
-from .sections import CorrectionKind
+from .sections import CorrectionKind, band
 
 CORRECTIONS: tuple[str, ...] = typing.get_args(CorrectionKind)
-# method -> (default lower bound, None: 1 / upper; default upper bound)
-_BANDS: dict[str, tuple[float | None, float]] = {"token_mis": (None, 2.0), "seq_mis": (None, 1.001),
-                                                 "icepop": (0.5, 5.0)}
-
-
-def band(kind: str, lower: float = 0.0, upper: float = 0.0) -> tuple[float, float]:
-    """[lower, upper] of method `kind`, a 0 bound taking the method's default: upper 2
-    (token_mis), 1.001 (seq_mis), 5 (icepop); lower 1 / upper (token_mis, seq_mis, as
-    verl) or 0.5 (icepop's alpha). ValueError unless 0 < lower <= 1 <= upper (a band
-    without 1 masks tokens on which trainer and engine agree)."""
-    if kind not in _BANDS:
-        raise ValueError(f"the correction must be one of {CORRECTIONS[1:]} to have a band, got {kind!r}")
-    default_lower, default_upper = _BANDS[kind]
-    if lower < 0 or upper < 0:
-        raise ValueError(f"bounds must be >= 0 (0: the default), got lower {lower}, upper {upper}")
-    hi = upper or default_upper
-    lo = lower or (1.0 / hi if default_lower is None else default_lower)
-    if not 0 < lo <= 1 <= hi:
-        raise ValueError(f"{kind}'s band [{lo:g}, {hi:g}] must hold 1 (0 < lower <= 1 <= upper)")
-    return lo, hi
-
-
 @torch.no_grad()
 def log_ratio(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log(pi_old / pi_behaviour) = old_logp - behaviour_logp per token -> [B, T], 0 outside `mask`.

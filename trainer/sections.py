@@ -9,10 +9,12 @@ bench. Each failure is one `TrainerConfigError` line naming the field (``ppo.<na
 ``lora.<name>``). The trainer takes both sections as they are (`TrainerSettings.ppo`,
 `.lora`).
 
+Also owns each mismatch correction's band (`band`: the method's default bounds, the rule
+that a band holds 1), which the section checks and `trainer/mismatch.py` applies.
+
 Leaves out: the rules that need other sections (``colocate.config_checks``) or the device
 and dtype the trainer runs on (`trainer/settings.py`), what the values do. Imports no
-torch: ``colocate.config`` imports this module at config load (only a mismatch correction,
-``rollout_correction`` other than none, brings `trainer/mismatch.py` for its band).
+torch: ``colocate.config`` imports this module at config load.
 """
 
 from __future__ import annotations
@@ -30,6 +32,27 @@ KLKind = Literal["k1", "k2", "k3"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 Advantage = Literal["gae", "grpo", "rloo", "reinforce_baseline"]
 CorrectionKind = Literal["none", "token_mis", "seq_mis", "icepop"]
+# the correction's bands: method -> (default lower bound, None: 1 / upper; default upper bound)
+_BANDS: dict[str, tuple[float | None, float]] = {"token_mis": (None, 2.0), "seq_mis": (None, 1.001),
+                                                 "icepop": (0.5, 5.0)}
+
+
+def band(kind: str, lower: float = 0.0, upper: float = 0.0) -> tuple[float, float]:
+    """[lower, upper] of method `kind`, a 0 bound taking the method's default: upper 2
+    (token_mis), 1.001 (seq_mis), 5 (icepop); lower 1 / upper (token_mis, seq_mis, as
+    verl) or 0.5 (icepop's alpha). ValueError unless 0 < lower <= 1 <= upper (a band
+    without 1 masks tokens on which trainer and engine agree)."""
+    if kind not in _BANDS:
+        methods = typing.get_args(CorrectionKind)[1:]
+        raise ValueError(f"the correction must be one of {methods} to have a band, got {kind!r}")
+    default_lower, default_upper = _BANDS[kind]
+    if lower < 0 or upper < 0:
+        raise ValueError(f"bounds must be >= 0 (0: the default), got lower {lower}, upper {upper}")
+    hi = upper or default_upper
+    lo = lower or (1.0 / hi if default_lower is None else default_lower)
+    if not 0 < lo <= 1 <= hi:
+        raise ValueError(f"{kind}'s band [{lo:g}, {hi:g}] must hold 1 (0 < lower <= 1 <= upper)")
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +114,6 @@ class PPOConfig:
             (self.kl_horizon > 0, "ppo.kl_horizon must be > 0"),
         ])
         if self.rollout_correction != "none":
-            from .mismatch import band  # here, not at the top: it brings torch
-
             try:
                 band(self.rollout_correction, self.rollout_correction_lower, self.rollout_correction_upper)
             except ValueError as e:

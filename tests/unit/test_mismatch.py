@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from colocate.trainer import mismatch as mm
+from colocate.trainer import sections
 from colocate.trainer.mismatch import Correction
 from tests.unit.test_ppo_math import close, random_batches, unpack
 
@@ -47,7 +48,7 @@ def naive_terms(kind, lower, upper, cap, behaviour, old, lengths, t):
 def test_terms_match_the_naive_loop(kind, lower, upper, cap, case):
     b, t, lengths, mask, g = unpack(case)
     behaviour, old = ratios(g, b, t)
-    lo, hi = mm.band(kind, lower, upper)
+    lo, hi = sections.band(kind, lower, upper)
     keep, weights = Correction(kind, lower, upper, cap).terms(behaviour, old.requires_grad_(True), mask)
     want_keep, want_weights = naive_terms(kind, lo, hi, cap, behaviour.tolist(), old.tolist(), lengths, t)
     assert keep.dtype == torch.bool and keep.tolist() == want_keep
@@ -56,12 +57,12 @@ def test_terms_match_the_naive_loop(kind, lower, upper, cap, case):
 
 
 def test_defaults_are_the_peers():
-    assert mm.band("token_mis") == (0.5, 2.0)  # verl rollout_is_threshold 2, lower its reciprocal
-    assert mm.band("seq_mis") == pytest.approx((1 / 1.001, 1.001))  # verl's Geo-RS preset 0.999_1.001
-    assert mm.band("icepop") == (0.5, 5.0)  # IcePop's alpha, beta
-    assert mm.band("token_mis", upper=4.0) == (0.25, 4.0)
-    assert mm.band("icepop", upper=3.0) == (0.5, 3.0)  # icepop's lower stays alpha
-    assert mm.band("seq_mis", lower=0.9, upper=1.1) == (0.9, 1.1)
+    assert sections.band("token_mis") == (0.5, 2.0)  # verl rollout_is_threshold 2, lower its reciprocal
+    assert sections.band("seq_mis") == pytest.approx((1 / 1.001, 1.001))  # verl's Geo-RS preset 0.999_1.001
+    assert sections.band("icepop") == (0.5, 5.0)  # IcePop's alpha, beta
+    assert sections.band("token_mis", upper=4.0) == (0.25, 4.0)
+    assert sections.band("icepop", upper=3.0) == (0.5, 3.0)  # icepop's lower stays alpha
+    assert sections.band("seq_mis", lower=0.9, upper=1.1) == (0.9, 1.1)
 
 
 @pytest.mark.parametrize("kind,lower,upper,match", [
@@ -69,7 +70,7 @@ def test_defaults_are_the_peers():
     ("seq_mis", -1.0, 0.0, ">= 0"), ("none", 0.0, 0.0, "one of"), ("tis", 0.0, 2.0, "one of")])
 def test_a_band_without_one_is_refused(kind, lower, upper, match):
     with pytest.raises(ValueError, match=match):
-        mm.band(kind, lower, upper)
+        sections.band(kind, lower, upper)
 
 
 def test_a_sequence_is_masked_whole_on_its_geometric_mean_not_its_product():
