@@ -1,6 +1,6 @@
 """Layers import downward only (docs/structure.md): engine/ and trainer/ use neither each other nor
 colocate/ (nor bench/), trainer/ never imports SGLang, nothing at train time imports bench/,
-and colocate/'s own modules form no import cycle. Lazy imports inside functions count."""
+and the modules of colocate/, engine/ and trainer/ form no import cycle. Lazy imports inside functions count."""
 
 from __future__ import annotations
 
@@ -70,19 +70,32 @@ def colocate_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """colocate/'s modules (``colocate.<room>.<module>``, or ``colocate.<module>`` at the
     top) -> the colocate/ modules each imports (every import, lazy ones included; ``from
     colocate.run import builder`` names the module ``colocate.run.builder``)."""
-    folder = root / "colocate"
-    names = {".".join(("colocate", *p.relative_to(folder).with_suffix("").parts)) for p in folder.rglob("*.py")}
+    graph = module_graph("colocate", root)
+    return {name: {m for m in found if not m.startswith(LOWER_LAYERS)} for name, found in graph.items()}
+
+
+def module_graph(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """The modules of ``folder`` (as installed: ``colocate.<folder>...``, colocate/ itself
+    ``colocate...``) -> those of the same folder each imports (every import, lazy and
+    relative ones included; ``from . import ppo_math`` names ``colocate.trainer.ppo_math``)."""
+    base = root / folder
+    prefix = ("colocate",) if folder == "colocate" else ("colocate", folder)
+
+    def name_of(path: Path) -> str:
+        return ".".join((*prefix, *path.relative_to(base).with_suffix("").parts))
+
+    paths = [p for p in base.rglob("*.py") if "cpu_kernel" not in p.parts]
+    names = {name_of(p) for p in paths}
     graph: dict[str, set[str]] = {}
-    for path in folder.rglob("*.py"):
-        name = ".".join(("colocate", *path.relative_to(folder).with_suffix("").parts))
-        found = set()
-        for _, mod in imports_of(path, root):
-            if mod in names:
-                found.add(mod)
+    for path in paths:
+        name = name_of(path)
+        found = {mod for _, mod in imports_of(path, root) if mod in names}
+        resolved = dict(imports_of(path, root))  # line -> module, for the names a from-import takes
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("colocate") and not node.level:
-                found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names}
-        graph[name] = {m for m in found if not m.startswith(LOWER_LAYERS) and m != name}
+            if isinstance(node, ast.ImportFrom) and node.lineno in resolved:
+                module = resolved[node.lineno]
+                found |= {f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in names}
+        graph[name] = {m for m in found if m != name}
     return graph
 
 
@@ -107,7 +120,11 @@ def upward_imports(root: Path = ROOT) -> list[str]:
 
 def colocate_cycles() -> list[list[str]]:
     """Import cycles among colocate/'s own modules (every import, lazy ones included)."""
-    graph = colocate_graph()
+    return cycles_of(colocate_graph())
+
+
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle of ``graph`` (module -> the modules it imports), each once."""
     cycles, seen = [], set()
 
     def visit(node: str, stack: list[str]) -> None:
@@ -145,6 +162,20 @@ def test_layer_check_catches_an_upward_import(tmp_path):
 
 def test_colocate_modules_have_no_import_cycle():
     assert colocate_cycles() == []
+
+
+def test_engine_and_trainer_modules_have_no_import_cycle():
+    assert {folder: cycles_of(module_graph(folder)) for folder in ("engine", "trainer")} == \
+        {"engine": [], "trainer": []}
+
+
+def test_cycle_check_catches_a_relative_import_cycle(tmp_path):
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "a.py").write_text("from .b import f\n")
+    (tmp_path / "trainer" / "b.py").write_text("def g():\n    from . import a\n")
+    (tmp_path / "trainer" / "c.py").write_text("from .b import g\n")
+    assert cycles_of(module_graph("trainer", tmp_path)) == [
+        ["colocate.trainer.a", "colocate.trainer.b", "colocate.trainer.a"]]
 
 
 def test_colocate_rooms_import_downward_only():
