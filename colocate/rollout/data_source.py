@@ -3,7 +3,7 @@
 Owns: :class:`TokenizedPrompt` (a prompt of the data set as token ids, with its source
 record), :class:`DataSource`: the tokenized training prompts and the held-out ones, this
 rank's position in its stream of prompts (groups drawn) and where the engine ranks'
-streams start (:meth:`DataSource.position`: :func:`union_id` interleaves them, so their
+streams start (:meth:`DataSource.position`: ``sample.union_id`` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
 budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
 samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
@@ -23,7 +23,7 @@ import random
 from typing import Any, Iterator, Sequence
 
 from colocate.config import RolloutConfig
-from colocate.rollout.sample import Sample, group_member, sample_index
+from colocate.rollout.sample import Sample, group_member, sample_index, union_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +98,6 @@ class DataSource:
         self.base, self.drawn = int(base), int(state["data_pos"])
         self.next_index, self.dropped_total = int(state["next_index"]), int(state["dropped_total"])
         self.deferred = sorted((Sample.from_state(d) for d in state["deferred"]), key=lambda s: s.index)
-
-
-def union_id(local: int, rank: int, ranks: int) -> int:
-    """Engine rank ``rank``'s local sample index (or group id, or stream position) in the
-    union of ``ranks`` ranks' shares: interleaved, so the union is what one rank would
-    have drawn."""
-    return local * ranks + rank
 
 
 def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:

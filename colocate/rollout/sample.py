@@ -3,9 +3,9 @@
 Owns: :class:`Sample` (one prompt's generation state in plain Python: tokens, sampling
 logprobs and the weight version of every token, for a multi-turn trajectory which tokens
 came from the environment, and where it is in its life, :class:`Status`), request ids
-that SGLang's prefix-matching abort cannot confuse, the group/member index encoding,
-a multi-turn trajectory's settings (:class:`MultiTurn`, :class:`TurnReply`) and the
-budget check against a context.
+that SGLang's prefix-matching abort cannot confuse, the group/member index encoding and
+the engine ranks' union of it (:func:`union_id`), a multi-turn trajectory's settings
+(:class:`MultiTurn`, :class:`TurnReply`) and the budget check against a context.
 
 Leaves out: generating it on the actor engine (``colocate.rollout.generation``), which
 samples to launch or defer (``colocate.rollout.scheduler``), the step's schedule
@@ -58,6 +58,13 @@ def sample_index(group: int, member: int, n: int) -> int:
     place this encoding lives (the session draws by it, the scheduler checks it, the ranks'
     union renames by it)."""
     return group * n + member
+
+
+def union_id(local: int, rank: int, ranks: int) -> int:
+    """Engine rank ``rank``'s local sample index (or group id, or stream position) in the
+    union of ``ranks`` ranks' shares: interleaved, so the union is what one rank would
+    have drawn."""
+    return local * ranks + rank
 
 
 def group_member(index: int, n: int) -> tuple[int | None, int]:

@@ -4,7 +4,7 @@ Owns: :class:`Placement`, which says, for this rank, whether it hosts SGLang eng
 rank with ``engines.tp_size`` 1, the first rank of each tensor-parallel group otherwise),
 which share of the rollout it runs (``rollout.batch_size`` split over the engine ranks in
 whole groups), its engine rank r of R (by which its data source draws positions
-``base + k·R + r`` and names its samples in the step's union, ``data_source.union_id``),
+``base + k·R + r`` and names its samples in the step's union, ``sample.union_id``),
 and where its engines
 run (GPU ``base_gpu_id``: the trainer's own device, by the one rule
 ``trainer.distributed.local_device_index``, so under a launcher that shows each process

@@ -4,7 +4,7 @@ Owns: :func:`gather` (every rank runs its share of the rollout; the parts, or th
 failure, are exchanged (``colocate.run.rank_failure.agree``), so a rank whose rollout fails
 does not leave the others waiting in a collective: every rank raises, and a user error
 lets every rank checkpoint the last completed step together), :func:`join` (the parts → one :class:`StepRollout`: samples
-renamed into the union's index space (``data_source.union_id``) and sorted, so groups stay
+renamed into the union's index space (``sample.union_id``) and sorted, so groups stay
 contiguous and the union is what one rank would have drawn; the phase seconds of the
 slowest rank; counts summed; staleness over the union; per-rank engine metrics
 ``engines/<r>/…``).
@@ -19,11 +19,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from colocate.rollout.sample import group_member, sample_index
-from colocate.rollout.data_source import union_id
+from colocate.rollout.sample import group_member, sample_index, union_id
 from colocate.rollout.rollouts import StepRollout, rollout_stats
 from colocate.rollout.scheduler import staleness_stats
-from colocate.run.rank_failure import RankFailedError, agree  # noqa: F401  (RankFailedError: re-exported)
+from colocate.run.rank_failure import agree
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
 PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",
@@ -66,7 +65,7 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int) -> 
 
 def _renamed(sample, rank: int, ranks: int, n: int):
     """``sample`` of engine rank ``rank`` as the union names it: its local group g is the
-    union's group g·R + r (``data_source.union_id``), member m of it index (g·R + r)·n + m."""
+    union's group g·R + r (``sample.union_id``), member m of it index (g·R + r)·n + m."""
     if sample.group is None:
         return dataclasses.replace(sample, index=union_id(sample.index, rank, ranks))
     group = union_id(sample.group, rank, ranks)

@@ -9,7 +9,8 @@ import pytest
 
 from colocate.errors import ConfigError
 from colocate.config import RolloutConfig
-from colocate.rollout.data_source import DataSource, union_id
+from colocate.rollout.data_source import DataSource
+from colocate.rollout.sample import union_id
 from colocate.run.placement import PORT_BASE, PORT_SPAN, Placement, placement_of
 
 
