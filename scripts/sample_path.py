@@ -81,8 +81,8 @@ def main():
         threading.setprofile(prof if on else None)
 
     cfg = load_config(overrides=[f"models.actor={a}", f"models.reward={r}", f"run.out_dir={d / 'run'}",
-        "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512", "engines.actor_max_total_tokens=8192",
-        "engines.reward_max_total_tokens=8192", "engines.device=cpu", "run.steps=2", "run.eval_every=0",
+        "rollout.batch_size=4", "ppo.minibatches=2", "data.max_prompt_tokens=512",
+        "engines.actor_max_total_tokens=8192", "engines.reward_max_total_tokens=8192", "engines.device=cpu", "run.steps=2", "run.eval_every=0",
         "run.save_every=0", f"overlap.mode={MODE}", "rollout.max_new_tokens=16", "engines.actor_threads=1",
         "engines.reward_threads=1"])
     api.train(cfg, quiet=True, callbacks=[after_step])

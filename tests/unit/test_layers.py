@@ -1,6 +1,7 @@
 """Layers import downward only (docs/structure.md): engine/ and trainer/ use neither each other nor
 colocate/ (nor bench/), trainer/ never imports SGLang, nothing at train time imports bench/,
-and the modules of colocate/, engine/ and trainer/ form no import cycle. Lazy imports inside functions count."""
+and the modules of colocate/, engine/ and trainer/ form no import cycle. Lazy imports inside
+functions count."""
 
 from __future__ import annotations
 
