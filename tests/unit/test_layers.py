@@ -90,8 +90,9 @@ def module_graph(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in paths:
         name = name_of(path)
-        found = {mod for _, mod in imports_of(path, root) if mod in names}
-        resolved = dict(imports_of(path, root))  # line -> module, for the names a from-import takes
+        imported = imports_of(path, root)
+        found = {mod for _, mod in imported if mod in names}
+        resolved = dict(imported)  # line -> module, for the names a from-import takes
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.lineno in resolved:
                 module = resolved[node.lineno]
