@@ -13,7 +13,8 @@ schedule, ``colocate.rollout.schedule.Schedule`` — every sample scored after g
 neither streams nor defers and nothing is carried (sequential), else streamed and/or
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
 the held-out evaluation through it too (greedy, scored after generation), and hands back
-what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``;
+what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``,
+:func:`rollout_stats`; ``overlap/staleness_*``, :func:`staleness_stats`;
 ``engine/<role>_requests``; ``overlap/*`` in every mode, incl. the ZeroMQ frames either end
 of the feeder channel refused or lost during the step; the feeder's counts come with its
 heartbeats, so they lag it by at most 0.5 s). The step's sampling parameters are its own
@@ -45,7 +46,7 @@ from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.monitor.timeline import Timeline, mark
-from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler, staleness_stats
+from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
@@ -91,6 +92,19 @@ def rollout_stats(samples: Sequence[Sample], multi_turn: bool = False) -> dict[s
                   "rollout/env_reward": sum(s.env_reward for s in samples) / n,
                   "rollout/cached_turn_tokens": sum(s.turn_cached_tokens for s in samples)}
     return stats
+
+
+def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str, float]:
+    """Over every token: mean and max of (current_version − the token's version) and the
+    fraction of tokens generated under older weights."""
+    lags = [current_version - v for s in samples for v in s.versions]
+    if not lags:
+        return {"mean": 0.0, "max": 0.0, "frac_stale_tokens": 0.0}
+    return {
+        "mean": sum(lags) / len(lags),
+        "max": float(max(lags)),
+        "frac_stale_tokens": sum(1 for lag in lags if lag > 0) / len(lags),
+    }
 
 
 def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:

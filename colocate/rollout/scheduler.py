@@ -13,7 +13,7 @@ beside its partial ones, and a group with a too-stale member is dropped whole. n
 exactly the per-sample schedule; :class:`DeltaController` (Δ follows the least-squares
 slope of mean reward over a window); :class:`ChunkSizeTuner` (OPPO's intra-step chunk
 size: try each candidate for one step every ``retune_every`` steps, keep the fastest);
-:func:`staleness_stats`; JSON-safe ``state_dict``/``load_state_dict``. Each takes the
+JSON-safe ``state_dict``/``load_state_dict``. Each takes the
 ``overlap`` section as it is (the scheduler also this rank's B and ``rollout.group_size``);
 what follows from it (Δ's bounds when no step defers, the tuner's fixed chunk) are
 properties; the values were checked when the config was loaded (``colocate.config_checks``).
@@ -252,19 +252,6 @@ class LengthAwareScheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.delta_ctl.load_state_dict(state["delta"])
         self._ready, self._waiting, self._in_flight = [], [], None
-
-
-def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str, float]:
-    """Over every token: mean and max of (current_version − the token's version) and the
-    fraction of tokens generated under older weights."""
-    lags = [current_version - v for s in samples for v in s.versions]
-    if not lags:
-        return {"mean": 0.0, "max": 0.0, "frac_stale_tokens": 0.0}
-    return {
-        "mean": sum(lags) / len(lags),
-        "max": float(max(lags)),
-        "frac_stale_tokens": sum(1 for lag in lags if lag > 0) / len(lags),
-    }
 
 
 class ChunkSizeTuner:

@@ -20,8 +20,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from colocate.rollout.sample import group_member, sample_index, union_id
-from colocate.rollout.rollouts import StepRollout, rollout_stats
-from colocate.rollout.scheduler import staleness_stats
+from colocate.rollout.rollouts import StepRollout, rollout_stats, staleness_stats
 from colocate.run.rank_failure import agree
 
 SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank

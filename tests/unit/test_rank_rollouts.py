@@ -14,8 +14,7 @@ import torch.multiprocessing as mp
 from colocate.run import rank_rollouts
 from colocate.engine.errors import EngineError
 from colocate.rollout.sample import Sample, Status
-from colocate.rollout.scheduler import staleness_stats
-from colocate.rollout.rollouts import StepRollout, rollout_stats
+from colocate.rollout.rollouts import StepRollout, rollout_stats, staleness_stats
 
 
 def _sample(index: int, n: int = 1, versions=(0, 0), cached: int = 0) -> Sample:
@@ -61,6 +60,13 @@ def test_join_takes_staleness_over_the_union_not_a_sum_of_ranks():
     assert joined.stats["overlap/staleness_mean"] == pytest.approx(union["mean"]) == pytest.approx(3 / 8)
     assert joined.stats["overlap/staleness_max"] == 2.0
     assert joined.stats["overlap/staleness_frac_stale_tokens"] == pytest.approx(2 / 8)
+
+
+def test_staleness_stats_over_tokens():
+    a = Sample(0, [1], 8, [5, 5, 5], [0.0] * 3, [3, 3, 4])
+    b = Sample(1, [1], 8, [5], [0.0], [1])
+    assert staleness_stats([a, b], 4) == {"mean": 1.25, "max": 3.0, "frac_stale_tokens": 0.75}
+    assert staleness_stats([], 4)["max"] == 0.0
 
 
 def test_one_rank_joins_to_itself():

@@ -16,13 +16,11 @@ from hypothesis import strategies as st
 from colocate.config import OverlapConfig, RolloutConfig, load_config
 from colocate.engine.errors import EngineError
 from colocate.errors import ConfigError
-from colocate.rollout.sample import Sample
 from colocate.rollout.scheduler import (
     ChunkSizeTuner,
     DeltaController,
     LengthAwareScheduler,
     reward_slope,
-    staleness_stats,
 )
 from colocate.rollout.data_source import DataSource, TokenizedPrompt
 
@@ -222,13 +220,6 @@ def test_stale_partials_are_dropped_and_reported():
 def test_out_of_prompts_launches_fewer():
     sched = LengthAwareScheduler(deferring(delta_init=2), 2, 1)
     assert [s.index for s in plan(sched, source(), 0, limit=3).launch] == [0, 1, 2]
-
-
-def test_staleness_stats_over_tokens():
-    a = Sample(0, [1], 8, [5, 5, 5], [0.0] * 3, [3, 3, 4])
-    b = Sample(1, [1], 8, [5], [0.0], [1])
-    assert staleness_stats([a, b], 4) == {"mean": 1.25, "max": 3.0, "frac_stale_tokens": 0.75}
-    assert staleness_stats([], 4)["max"] == 0.0
 
 
 def test_chunk_tuner_picks_fastest_and_retunes_every_n():
