@@ -52,7 +52,7 @@ KEPT_PREFIXES = ("time/", "gpu/", "sync/", "overlap/deferred", "overlap/launched
 
 def build_models(work: Path, shape: str) -> tuple[Path, Path]:
     """The actor (``shape``, random) and a 4-layer random reward model of its vocabulary."""
-    from colocate.assets.models import MODEL_SHAPES, build_shaped_causal_lm, build_tiny_reward_model
+    from colocate.assets.random_models import MODEL_SHAPES, build_shaped_causal_lm, build_tiny_reward_model
 
     actor, reward = work / f"actor-{shape}", work / f"reward-{shape}"
     vocab = MODEL_SHAPES[shape][-1]

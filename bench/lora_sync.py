@@ -2,7 +2,7 @@
 
     python -m colocate.bench.lora_sync --shape smollm2-135m --rank 16 --repeats 5 --out runs/lora-sync
 
-On a random-weight model of the shape (``colocate.assets.models.MODEL_SHAPES``; or ``--model``) with
+On a random-weight model of the shape (``colocate.assets.random_models.MODEL_SHAPES``; or ``--model``) with
 the trainer's PEFT adapters (``colocate.trainer.lora``, all-linear by default), every
 repeat draws new adapter values (A and B non-zero) and syncs them into an engine:
 
@@ -200,7 +200,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from colocate.assets.models import MODEL_SHAPES
+    from colocate.assets.random_models import MODEL_SHAPES
 
     ap = argparse.ArgumentParser(prog="python -m colocate.bench.lora_sync", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from colocate.assets.models import build_shaped_causal_lm
+    from colocate.assets.random_models import build_shaped_causal_lm
     from colocate.trainer.lora import add_lora
     from colocate.trainer.sections import LoraConfig
 

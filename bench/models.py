@@ -11,7 +11,7 @@ probability ~1/mean_tokens: geometric response lengths decided by EOS, as with a
 instruct model, for colocate and TRL alike. The pad and BOS rows point the other way, so
 the model never samples them (colocate also stops at pad; TRL stops at EOS only).
 The ``gpu`` preset's pair instead: a random actor of a real model's shape
-(``colocate.assets.models.MODEL_SHAPES``, e.g. Qwen2.5-0.5B) and a random reward model of
+(``colocate.assets.random_models.MODEL_SHAPES``, e.g. Qwen2.5-0.5B) and a random reward model of
 the same shape (:func:`shaped_models`).
 Leaves out: real models (``colocate.assets.models``), rewards.
 """
@@ -29,7 +29,7 @@ MARKER = "bench_eos.json"
 def small_models(root: Path) -> tuple[str, str]:
     """A small random Llama actor and reward model (SmolLM2-like width, few layers):
     throughput mechanics without the cost of real weights. Built once per folder."""
-    from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+    from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
 
     actor, rm = root / "small-actor", root / "small-rm"
     if not (actor / "config.json").is_file():
@@ -42,7 +42,7 @@ def small_models(root: Path) -> tuple[str, str]:
 def shaped_models(root: Path, shape: str) -> tuple[str, str]:
     """A random actor of ``shape`` (a ``MODEL_SHAPES`` name) and a random one-label reward
     model of the same shape (the actor's size, as in OPPO's runs). Built once per folder."""
-    from colocate.assets.models import build_shaped_causal_lm, build_shaped_reward_model
+    from colocate.assets.random_models import build_shaped_causal_lm, build_shaped_reward_model
 
     actor, rm = Path(root) / f"actor-{shape}", Path(root) / f"rm-{shape}"
     if not (actor / "config.json").is_file():

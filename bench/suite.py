@@ -84,7 +84,7 @@ PEER_RESERVE_S = {"gpu": 150.0}
 def _models(preset: Preset, out: Path) -> tuple[str, str]:
     if preset.models == "small":
         return small_models(out.parent / ".bench-models")
-    from colocate.assets.models import MODEL_SHAPES
+    from colocate.assets.random_models import MODEL_SHAPES
 
     if preset.models in MODEL_SHAPES:
         return shaped_models(out.parent / ".bench-models", preset.models)

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 -m colocate.bench.train_phases --device cuda ...   # one rank per GPU
 
 Runs the trainer's part of colocate's step (``colocate.run.loop``) in the loop's order on
-random-weight models of a named shape (``colocate.assets.models.MODEL_SHAPES``; weights do not
+random-weight models of a named shape (``colocate.assets.random_models.MODEL_SHAPES``; weights do not
 change a step's time or memory) and synthetic rollouts of a fixed shape:
 onload -> ref -> old_logp -> values -> advantages -> critic -> actor -> sync_gather (the
 FSDP all-gather of the actor's full weights into host memory, as the weight sync does
@@ -163,7 +163,7 @@ def measure(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]
 
     from colocate.run.builder import make_trainer
     from colocate.config import load_config
-    from colocate.assets.models import build_shaped_causal_lm
+    from colocate.assets.random_models import build_shaped_causal_lm
     from colocate.trainer.distributed import init_distributed
 
     dist = init_distributed(opts.device)
@@ -274,7 +274,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from colocate.assets.models import MODEL_SHAPES
+    from colocate.assets.random_models import MODEL_SHAPES
 
     ap = argparse.ArgumentParser(prog="python -m colocate.bench.train_phases", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

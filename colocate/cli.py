@@ -198,7 +198,7 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
     from colocate.bench.contention import GuardOptions
     from colocate.bench.convergence import ConvergenceOptions
     from colocate.bench.suite import BenchOptions, run
-    from colocate.assets.models import MODEL_SHAPES
+    from colocate.assets.random_models import MODEL_SHAPES
     from colocate.bench.workloads import MODES, PAUSE_MODES, WORKLOADS, valid_mode
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu-probe"))
     ap.add_argument("--work", default="/tmp/gpu-probe-models")
     args = ap.parse_args(argv)
-    from colocate.assets.models import MODEL_SHAPES, build_shaped_causal_lm
+    from colocate.assets.random_models import MODEL_SHAPES, build_shaped_causal_lm
     from colocate.engine import sglang_api
 
     rep = Report(Path(args.out))

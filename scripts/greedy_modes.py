@@ -17,7 +17,7 @@ def main(out):
     from colocate.config import load_config
     try:
         from colocate.run import checkpoint
-        from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+        from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
     except ImportError:  # before colocate/ had rooms (117bcc3)
         from colocate import checkpoint
         from colocate.models import build_tiny_causal_lm, build_tiny_reward_model

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
 from colocate.engine.pool import EnginePool
 from colocate.quick_exit import skip_last_collection
 

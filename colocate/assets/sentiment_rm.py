@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from colocate.errors import ModelSourceError
-from colocate.assets.models import MARKER_NAME, _install_atomically, _marker_matches, default_cache_dir, prepare_smollm2
+from colocate.assets.models import MARKER_NAME, install_atomically, marker_matches, default_cache_dir, prepare_smollm2
 from colocate.assets.tasks import sentiment_prompts
 from colocate.assets.distill_data import Example, build_examples, generate_responses
 
@@ -73,7 +73,7 @@ def prepare_sentiment_rm(cache_dir: Path | None = None, *, config: DistillConfig
     base = Path(base_path) if base_path is not None else prepare_smollm2(cache_dir, progress=progress)
     target = (cache_dir or default_cache_dir()) / "models" / config.dir_name
     expected = {"format": MARKER_FORMAT, "base": _base_identity(base), "config": dataclasses.asdict(config)}
-    if _marker_matches(target, expected):
+    if marker_matches(target, expected):
         return target
     if not build:
         return None
@@ -85,7 +85,7 @@ def prepare_sentiment_rm(cache_dir: Path | None = None, *, config: DistillConfig
         marker = expected | {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
         (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
 
-    _install_atomically(target, build, done=lambda: _marker_matches(target, expected))
+    install_atomically(target, build, done=lambda: marker_matches(target, expected))
     progress(f"built the sentiment reward model in {time.perf_counter() - start:.0f} s")
     return target
 

@@ -17,7 +17,8 @@ from typing import Callable
 
 import torch
 
-from colocate.assets.models import build_tiny_causal_lm, default_cache_dir
+from colocate.assets.models import default_cache_dir
+from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.engine import sglang_api
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample

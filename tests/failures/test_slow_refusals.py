@@ -99,7 +99,7 @@ def tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from colocate.assets.models import TINY_CHAT_TEMPLATE
+    from colocate.assets.random_models import TINY_CHAT_TEMPLATE
 
     byte_char = _gpt2_byte_chars()
     vocab = {c: i for i, c in enumerate(["<|pad|>", "<|im_start|>", "<|im_end|>", *byte_char])}

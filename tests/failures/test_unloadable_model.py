@@ -22,7 +22,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from colocate.assets.models import build_tiny_causal_lm
+from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import re
 import psutil
 import pytest
 
-from colocate.assets.models import build_tiny_bidirectional_model
+from colocate.assets.random_models import build_tiny_bidirectional_model
 from colocate.engine.errors import EngineConfigError
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import EngineStartError, SglangEngine

@@ -30,7 +30,7 @@ from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine, run_guarded
 from colocate.engine.streamed import ScoreClient
-from colocate.assets.models import build_tiny_reward_model
+from colocate.assets.random_models import build_tiny_reward_model
 from colocate.rollout.data_source import TokenizedPrompt
 from colocate.rollout.scoring import Scorer
 from colocate.assets.tasks import chat_prompt_ids
@@ -155,7 +155,7 @@ def test_sequential_score_that_never_comes_ends_the_step_in_one_line(actor_engin
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, short_rm_path):
-    from colocate.assets.models import build_tiny_causal_lm
+    from colocate.assets.random_models import build_tiny_causal_lm
 
     return str(build_tiny_causal_lm(tmp_path_factory.mktemp("actor") / "actor", seed=4)), short_rm_path
 

@@ -168,7 +168,7 @@ def test_qwen2_forwards_equal_separate_rows(tiny_qwen_path, attn):
 
 
 def _cuda_models(tmp_path, attn: str, head_dim: int, dtype: torch.dtype):
-    from colocate.assets.models import build_tiny_causal_lm
+    from colocate.assets.random_models import build_tiny_causal_lm
 
     path = str(build_tiny_causal_lm(tmp_path / "m", hidden=2 * head_dim, heads=2, kv_heads=1))
     return tuple(m.to("cuda", dtype) for m in _models(path, attn, "plain"))

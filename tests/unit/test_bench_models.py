@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from colocate.bench.models import MARKER, eos_prone_actor
-from colocate.assets.models import TINY_BOS_ID, TINY_EOS_ID, TINY_PAD_ID, build_tiny_causal_lm
+from colocate.assets.random_models import TINY_BOS_ID, TINY_EOS_ID, TINY_PAD_ID, build_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
-from colocate.assets.models import build_tiny_causal_lm
+from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.trainer.critic import VALUE_HEAD_FILE, ValueModel
 
 

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from colocate.assets import tasks
-from colocate.assets.models import build_tiny_tokenizer
+from colocate.assets.random_models import build_tiny_tokenizer
 from colocate.assets.tasks import chat_prompt_ids, special_strings
 from colocate.config import load_config
 from colocate.errors import ConfigError

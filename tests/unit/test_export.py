@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from colocate.run import checkpoint
 from colocate.errors import ConfigError
 from colocate.tools.export import default_out, export_actor
-from colocate.assets.models import build_tiny_causal_lm
+from colocate.assets.random_models import build_tiny_causal_lm
 
 
 def _tied_base(tmp_path):

@@ -18,7 +18,7 @@ from colocate.cli import main
 from colocate.config import load_config, to_dict
 from colocate.errors import ConfigError
 from colocate.tools.export import export_actor
-from colocate.assets.models import build_tiny_causal_lm
+from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.trainer.lora import add_lora
 from colocate.trainer.optim import build_adamw, full_training_state
 

@@ -64,7 +64,7 @@ def test_cli_refuses_remote_code_model_in_one_line(tmp_path):
     from click.testing import CliRunner
 
     from colocate.cli import main
-    from colocate.assets.models import build_tiny_causal_lm
+    from colocate.assets.random_models import build_tiny_causal_lm
 
     folder = build_tiny_causal_lm(tmp_path / "actor", seed=1)
     cfg = json.loads((folder / "config.json").read_text())
@@ -72,7 +72,7 @@ def test_cli_refuses_remote_code_model_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["train", "--set", f"models.actor={folder}", "--set", "reward.kind=rule",
                                        "--set", "reward.rule=vader", "--set", f"run.out_dir={tmp_path / 'run'}"])
     assert result.exit_code == 2, result.output
-    assert "trust_remote_code" in result.output and len(result.output.strip().splitlines()) == 1
+    assert "trust_remote_code" in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
 def _module(tmp_path, source: str, name: str = "__main__"):
@@ -137,7 +137,7 @@ def test_load_limits_refuse_what_sglang_s_classes_cannot_run_and_pass_what_they_
     those families pass (tied Gemmas)."""
     from transformers import AutoConfig
 
-    from colocate.assets.models import _tiny_config
+    from colocate.assets.random_models import _tiny_config
     from colocate.engine.start_checks import LOAD_LIMITS
 
     def refusals(arch: str, config) -> list[str]:

@@ -1,4 +1,5 @@
-"""colocate.assets.models: tiny test models load in HF transformers, are seeded, and behave as promised."""
+"""colocate.assets.random_models: tiny test models load in HF transformers, are seeded, and behave as
+promised; colocate.assets.models: the cache folder, the SmolLM2 source, the atomic install."""
 
 import json
 from pathlib import Path
@@ -8,13 +9,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from colocate.assets import models
+from colocate.assets import models, random_models
 from colocate.errors import USER_ERRORS, ModelSourceError
+from colocate.trainer.model_files import model_architecture
 
 torch.set_num_threads(1)
 
 ARCHS = ["llama", "qwen2"]
-BUILDERS = [models.build_tiny_causal_lm, models.build_tiny_reward_model]
+BUILDERS = [random_models.build_tiny_causal_lm, random_models.build_tiny_reward_model]
 
 
 def _weight(folder: Path, name: str = "model.layers.0.self_attn.q_proj.weight") -> torch.Tensor:
@@ -23,22 +25,22 @@ def _weight(folder: Path, name: str = "model.layers.0.self_attn.q_proj.weight") 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_causal_lm_loads_with_hf(tmp_path, arch):
-    path = models.build_tiny_causal_lm(tmp_path / "lm", arch=arch)
+    path = random_models.build_tiny_causal_lm(tmp_path / "lm", arch=arch)
     model = AutoModelForCausalLM.from_pretrained(path)
     expected = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
-    assert type(model).__name__ == expected == models.model_architecture(path)
+    assert type(model).__name__ == expected == model_architecture(path)
     assert model.dtype == torch.float32
     assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
     assert not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight)
     for config in (model.config, model.generation_config):
         assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 0)
     ids = AutoTokenizer.from_pretrained(path)("hi there", return_tensors="pt")["input_ids"]
-    assert model(ids).logits.shape == (1, ids.shape[1], models.TINY_VOCAB_SIZE)
+    assert model(ids).logits.shape == (1, ids.shape[1], random_models.TINY_VOCAB_SIZE)
 
 
 def test_tiny_tokenizer_is_byte_level_with_chat_template(tmp_path):
-    tok = AutoTokenizer.from_pretrained(models.build_tiny_tokenizer(tmp_path / "tok"))
-    assert len(tok) == models.TINY_VOCAB_SIZE >= 256
+    tok = AutoTokenizer.from_pretrained(random_models.build_tiny_tokenizer(tmp_path / "tok"))
+    assert len(tok) == random_models.TINY_VOCAB_SIZE >= 256
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     text = "héllo, wörld! 2+2=4 ✓"
     ids = tok(text)["input_ids"]
@@ -62,13 +64,13 @@ def test_tiny_builders_leave_the_global_rng_alone(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(4)
     torch.manual_seed(123)
-    models.build_tiny_causal_lm(tmp_path / "lm", seed=5)
+    random_models.build_tiny_causal_lm(tmp_path / "lm", seed=5)
     assert torch.equal(torch.rand(4), expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_reward_model_scores_vary_and_ignore_padding(tmp_path, arch):
-    path = models.build_tiny_reward_model(tmp_path / "rm", arch=arch)
+    path = random_models.build_tiny_reward_model(tmp_path / "rm", arch=arch)
     model = AutoModelForSequenceClassification.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.pad_token_id == tok.pad_token_id == 0
@@ -84,8 +86,8 @@ def test_tiny_reward_model_scores_vary_and_ignore_padding(tmp_path, arch):
 
 
 def test_tiny_bidirectional_model_is_not_causal(tmp_path):
-    path = models.build_tiny_bidirectional_model(tmp_path / "bert")
-    assert models.model_architecture(path) == "BertForSequenceClassification"
+    path = random_models.build_tiny_bidirectional_model(tmp_path / "bert")
+    assert model_architecture(path) == "BertForSequenceClassification"
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     ids = torch.tensor([[1, 10, 20, 30]])
     changed_last = torch.tensor([[1, 10, 20, 31]])
@@ -98,22 +100,22 @@ def test_tiny_bidirectional_model_is_not_causal(tmp_path):
 
 def test_tiny_builders_reject_unknown_arch_and_small_vocab(tmp_path):
     with pytest.raises(ValueError, match="arch"):
-        models.build_tiny_causal_lm(tmp_path / "x", arch="gpt2")
+        random_models.build_tiny_causal_lm(tmp_path / "x", arch="gpt2")
     with pytest.raises(ValueError, match="vocab"):
-        models.build_tiny_causal_lm(tmp_path / "y", vocab=100)
+        random_models.build_tiny_causal_lm(tmp_path / "y", vocab=100)
 
 
 def test_model_architecture_names_the_missing_path(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(ModelSourceError, match="colocate prepare") as info:
-        models.model_architecture(missing)
+        model_architecture(missing)
     assert str(missing) in str(info.value)
     assert isinstance(info.value, USER_ERRORS)
     with pytest.raises(ModelSourceError, match="no config.json"):
-        models.model_architecture(tmp_path)
+        model_architecture(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelSourceError, match="architectures"):
-        models.model_architecture(tmp_path)
+        model_architecture(tmp_path)
 
 
 def test_default_cache_dir_follows_xdg(monkeypatch, tmp_path):
@@ -142,10 +144,10 @@ def test_install_atomically_keeps_the_old_folder_when_the_build_fails(tmp_path):
         (staging / "half").write_text("x")
         raise RuntimeError("boom")
 
-    models._install_atomically(target, build("one"), done=lambda: False)
+    models.install_atomically(target, build("one"), done=lambda: False)
     with pytest.raises(RuntimeError, match="boom"):
-        models._install_atomically(target, broken, done=lambda: False)
+        models.install_atomically(target, broken, done=lambda: False)
     assert sorted(p.name for p in target.iterdir()) == ["file"]
-    models._install_atomically(target, build("two"), done=lambda: False)
+    models.install_atomically(target, build("two"), done=lambda: False)
     assert (target / "file").read_text() == "two"
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging or retired folders left

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from colocate.assets.models import build_tiny_tokenizer
+from colocate.assets.random_models import build_tiny_tokenizer
 from colocate.rollout.sample import Sample
 from colocate.rollout.scripted_env import ScriptedEnv
 from colocate.rollout.turns import EnvError, EnvErrors, EnvTurns, ObservationTemplate, TemplateRoleError

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from colocate.assets.models import build_tiny_tokenizer
+from colocate.assets.random_models import build_tiny_tokenizer
 from colocate.assets.tasks import chat_prompt_ids, plain_ids, special_strings
 from colocate.rollout.turns import ObservationTemplate
 
