@@ -7,8 +7,8 @@ streams start (:meth:`DataSource.position`: ``sample.union_id`` interleaves them
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
 budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
 samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
-for their group or the next step; the scheduler is handed them each step and hands back
-what it defers), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
+for their group or the next step: the scheduler reads them each step, the ones the step
+takes or drops leave the buffer, and what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
 (a resume on another number of engine ranks).
 
 Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring
@@ -70,15 +70,17 @@ class DataSource:
         streams interleaved from ``base``, disjoint, their union one rank's stream."""
         return self.base + union_id(drawn, self.rank, self.ranks)
 
-    def take_deferred(self) -> list[Sample]:
-        """Every deferred sample, oldest first; the buffer is empty until :meth:`defer`."""
-        out, self.deferred = self.deferred, []
-        return out
+    def take(self, samples: Sequence[Sample], dropped: Sequence[Sample] = ()) -> None:
+        """``samples`` leave the deferred buffer for a step (launched again, or trained as
+        they are), ``dropped`` leave it as too stale to train on (counted); the rest stay
+        where they are."""
+        gone = {s.index for s in (*samples, *dropped)}
+        self.deferred = [s for s in self.deferred if s.index not in gone]
+        self.dropped_total += len(dropped)
 
-    def defer(self, samples: Sequence[Sample], dropped: int = 0) -> None:
-        """Keep ``samples`` for a later step (``dropped``: how many were dropped as too stale)."""
+    def defer(self, samples: Sequence[Sample]) -> None:
+        """Keep ``samples`` for a later step, the buffer oldest first."""
         self.deferred = sorted([*self.deferred, *samples], key=lambda s: s.index)
-        self.dropped_total += dropped
 
     def eval_samples(self, max_new_tokens: int) -> list[Sample]:
         """The held-out prompts, one sample each (index = position), each with the whole budget."""

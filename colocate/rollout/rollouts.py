@@ -1,9 +1,10 @@
 """The rollout phase of one engine rank, in every mode, and its lifetime: the one path
 every ``overlap.mode`` goes through.
 
-Owns: :class:`Rollouts`, which holds the length-aware scheduler (handed, each step, the
-data source's deferred samples and fresh groups; what it defers goes back to the data
-source, with the samples' prompt records, groups and, once finished, scores), the scorer
+Owns: :class:`Rollouts`, which holds the length-aware scheduler (it reads, each step, the
+data source's deferred samples and draws fresh groups; the deferred ones the step takes
+or drops leave the data source's buffer, and what the step defers enters it, with the
+samples' prompt records, groups and, once finished, scores), the scorer
 (``colocate.rollout.scoring``), the chunk-size tuner, and — when a mode streams — the reward
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
@@ -229,8 +230,8 @@ class Rollouts:
         served = self._requests()
         name, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
         step_mode = by_name(name)
-        plan = self.scheduler.plan(data.take_deferred(), data.groups(), version, defer=step_mode.defers)
-        data.defer(plan.kept, dropped=len(plan.dropped))
+        plan = self.scheduler.plan(data.deferred, data.groups(), version, defer=step_mode.defers)
+        data.take(plan.taken, dropped=plan.dropped)
         carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training

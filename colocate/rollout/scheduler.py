@@ -117,7 +117,12 @@ class Plan:
     resumed: int  # how many of ``launch`` are deferred (partials, parked, or ended unscored)
     delta: int
     waiting: list[Sample] = dataclasses.field(default_factory=list)  # finished members of launched groups
-    kept: list[Sample] = dataclasses.field(default_factory=list)  # deferred samples this step does not take
+
+    @property
+    def taken(self) -> list[Sample]:
+        """The deferred samples this step takes (ready, waiting, launched again); the rest,
+        but ``dropped``, stay deferred."""
+        return self.ready + self.waiting + self.launch[: self.resumed]
 
 
 def groups_of(samples: Sequence[Sample]) -> list[list[Sample]]:
@@ -174,7 +179,7 @@ class LengthAwareScheduler:
         many as needed; an exhausted iterator: out of prompts); ``current_version`` is the
         weight version the actor will generate with. ``defer`` False (a step of
         ``overlap.mode=auto`` without deferral): B only, no Δ, deferred samples still
-        first. ``Plan.kept``: the deferred samples this step does not take (still deferred)."""
+        first. ``deferred`` is only read: ``Plan.taken`` and ``Plan.dropped`` say which leave it."""
         if self._in_flight is not None:
             raise EngineError("scheduler: plan() called again before select() closed the step")
         limit = self.overlap.drop_staleness
@@ -185,15 +190,13 @@ class LengthAwareScheduler:
         pool = self.batch_groups + (self.delta if defer else 0)
         ready = [g for g in keep if all(s.done for s in g)][:pool]
         partial = [g for g in keep if not all(s.done for s in g)][: pool - len(ready)]
-        taken = {g[0].group_id for g in ready + partial}
-        kept = [s for g in keep if g[0].group_id not in taken for s in g]
         resumed = [s for g in partial for s in g if not s.done]
         launch = resumed + self._fresh(fresh, pool - len(ready) - len(partial))
         self._ready = [s for g in ready for s in g]
         self._waiting = [s for g in partial for s in g if s.done]
         self._in_flight = {s.index for s in launch}
         return Plan(launch, list(self._ready), dropped, len(resumed), self.delta if defer else 0,
-                    list(self._waiting), kept)
+                    list(self._waiting))
 
     def _fresh(self, fresh: Groups, groups: int) -> list[Sample]:
         """``groups`` new groups from ``fresh`` (fewer when it runs out), each checked: n

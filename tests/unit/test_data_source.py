@@ -54,17 +54,20 @@ def test_position_round_trips_and_continues_where_it_stopped():
 
 def test_the_deferred_buffer_round_trips_oldest_first():
     stream = DataSource(PROMPTS, LONG_TAIL, seed=3)
-    first, second = itertools.islice(stream.groups(), 2)
+    first, second, stale = itertools.islice(stream.groups(), 3)
     second[0].output_ids, second[0].finish_reason, second[0].score = [7], "stop", 0.5
     second[0].settle()
-    stream.defer(second)
-    stream.defer(first, dropped=2)
+    stream.defer([*second, *stale])
+    stream.defer(first)
+    stream.take([], dropped=stale)  # a step dropped the stale group: counted, gone from the buffer
     state = stream.state_dict()
     assert [d["index"] for d in state["deferred"]] == [0, 1, 2, 3] and state["dropped_total"] == 2
     again = DataSource(PROMPTS, LONG_TAIL, seed=3)
     again.load_state_dict(4, state)
     assert again.base == 4 and again.deferred == stream.deferred and again.deferred[2].score == 0.5
-    assert again.take_deferred() == first + second and again.deferred == []
+    assert again.deferred == first + second
+    again.take(first)  # a step took the oldest group: the younger one stays, in place
+    assert again.deferred == second
 
 
 # ---- a resume on another number of engine ranks ------------------------------------------------
@@ -103,7 +106,7 @@ def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
     data.load_state_dict(base, state)
     sched = LengthAwareScheduler(OverlapConfig(mode="inter", delta_init=1, delta_max=2), 4, n)
     sched.load_state_dict({"delta": {"delta": 2, "rewards": [0.1, 0.2]}})
-    plan = sched.plan(data.take_deferred(), data.groups(), current_version=0)
+    plan = sched.plan(data.deferred, data.groups(), current_version=0)
     assert [s.group_id for s in plan.ready] == [0, 0, 1, 1, 2, 2]
     # pool 2 + Δ 2 = 4 groups: the 3 carried, then one new group under the next fresh indices
     assert [(s.index, s.group) for s in plan.launch] == [(6, 3), (7, 3)]

@@ -39,12 +39,12 @@ def source(budget=8):
 
 def plan(sched, data, version, limit=None, **kw):
     """``sched.plan`` handed ``data``'s deferred samples and fresh groups (no sample with an
-    index >= ``limit``: out of prompts); what the step does not take stays deferred."""
+    index >= ``limit``: out of prompts); the ones the step takes or drops leave the buffer."""
     fresh = data.groups()
     if limit is not None:
         fresh = itertools.islice(fresh, max(0, limit - data.next_index))
-    p = sched.plan(data.take_deferred(), fresh, version, **kw)
-    data.defer(p.kept, dropped=len(p.dropped))
+    p = sched.plan(data.deferred, fresh, version, **kw)
+    data.take(p.taken, dropped=p.dropped)
     return p
 
 

@@ -33,10 +33,10 @@ def source(n, budget=8):
 
 
 def plan(sched, data, version):
-    """``sched.plan`` handed ``data``'s deferred samples and fresh groups; what the step does
-    not take stays deferred."""
-    p = sched.plan(data.take_deferred(), data.groups(), version)
-    data.defer(p.kept, dropped=len(p.dropped))
+    """``sched.plan`` handed ``data``'s deferred samples and fresh groups; the ones the step takes
+    or drops leave the buffer."""
+    p = sched.plan(data.deferred, data.groups(), version)
+    data.take(p.taken, dropped=p.dropped)
     return p
 
 
