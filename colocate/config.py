@@ -21,7 +21,7 @@ import yaml
 
 from colocate.modes import DEFERRED, STREAMED
 from colocate.errors import ConfigError, TrainerConfigError
-from colocate.config_checks import RULES, validate
+from colocate.config_checks import validate
 from colocate.overrides import apply_updates, names, parse_overrides
 # the trainer's sections, defined once where the trainer takes them (no torch); each checks its own values
 from colocate.trainer.sections import LoraConfig, PPOConfig

@@ -30,7 +30,7 @@ import psutil
 
 from .child_output import ChildOutput, last_line
 from .engine_config import EngineConfig, _server_kwargs, child_quit, releasable_graphs
-from .errors import EngineError, EngineStartError
+from .errors import EngineError
 from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api

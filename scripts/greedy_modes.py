@@ -12,7 +12,6 @@ import hashlib, json, sys, tempfile
 from pathlib import Path
 
 def main(out):
-    import torch
     from colocate import api
     from colocate.config import load_config
     try:

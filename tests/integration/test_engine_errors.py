@@ -11,7 +11,8 @@ import pytest
 from colocate.assets.random_models import build_tiny_bidirectional_model
 from colocate.engine.errors import EngineConfigError
 from colocate.engine.engine_config import EngineConfig
-from colocate.engine.runtime import EngineStartError, SglangEngine
+from colocate.engine.errors import EngineStartError
+from colocate.engine.runtime import SglangEngine
 from colocate.errors import in_config_terms
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from colocate.assets import tasks
 from colocate.assets.math_rule import math_reward
-from colocate.config import RULES, Config, from_dict, load_config, to_dict, validate
+from colocate.config import Config, from_dict, load_config, to_dict, validate
+from colocate.config_checks import RULES
 from colocate.errors import ConfigError
 from colocate.rollout.named_rewards import load_reward_fn, named_reward_fns, rule_fn
 from colocate.rollout.reward_fns import RewardFnErrors, guarded

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from colocate.run import tp_exchange, weight_sync
+from colocate.run import tp_exchange
 from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
 from colocate.run.session import RunContext, RunState, Session
