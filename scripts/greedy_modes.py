@@ -16,10 +16,15 @@ def main(out):
     from colocate.config import load_config
     try:
         from colocate.run import checkpoint
-        from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
     except ImportError:  # before colocate/ had rooms (117bcc3)
         from colocate import checkpoint
-        from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
+    try:
+        from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
+    except ImportError:  # before the random models had their own module (a8d8345)
+        try:
+            from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
+        except ImportError:  # before colocate/ had rooms (117bcc3)
+            from colocate.models import build_tiny_causal_lm, build_tiny_reward_model
     d = Path(tempfile.mkdtemp())
     a = str(build_tiny_causal_lm(d / "actor", seed=5)); r = str(build_tiny_reward_model(d / "rm", seed=6))
     res = {}

@@ -18,7 +18,10 @@ DIRS = tuple(str(ROOT / d) + "/" for d in ("colocate", "engine", "trainer"))
 def main():
     from colocate import api
     from colocate.config import load_config
-    from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
+    try:
+        from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
+    except ImportError:  # before the random models had their own module (a8d8345)
+        from colocate.assets.models import build_tiny_causal_lm, build_tiny_reward_model
     try:
         from colocate.rollout.sample import Sample
         from colocate.rollout.rollouts import StepRollout
