@@ -50,6 +50,9 @@ class DataConfig:
     split: str = "train"  # a dataset's split (hf:, a save_to_disk DatasetDict)
     prompt_key: str = "prompt"  # a dataset's column holding the prompt: text, or chat messages [{role, content}, ...]
     answer_key: str = ""  # a dataset's column also handed to reward functions as record["answer"] ("": none)
+    # prompts in the actor's chat template; false: the prompt text as it is, tokenized as the
+    # tokenizer does plain text (a base model without a template; OpenRLHF's and slime's flag)
+    apply_chat_template: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

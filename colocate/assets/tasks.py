@@ -311,6 +311,13 @@ def chat_prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -
     return [int(t) for t in ids]
 
 
+def raw_prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as a base model's prompt, no chat template (``data.apply_chat_template=false``):
+    tokenized as the tokenizer does plain text (its BOS where it adds one), a special token's
+    string in it as its characters (:func:`text_ids`)."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]]
+
+
 _CONTENT = "\x1eCONTENT{}\x1e"  # a sentinel no template alters, numbered by message
 _CONTENTS = re.compile("\x1eCONTENT(\\d+)\x1e")
 

@@ -58,8 +58,9 @@ EnvErrors = RewardFnErrors  # the same counter: failures scored as a zero since 
 class ObservationTemplate:
     """Observation text -> the tokens appended after a model turn (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, stop_ids: Sequence[int]):
+    def __init__(self, tokenizer: Any, stop_ids: Sequence[int], chat: bool = True):
         self.tokenizer = tokenizer
+        self.chat = chat  # data.apply_chat_template: False frames observations as plain lines
         self.stop_ids = set(int(i) for i in stop_ids)
         self._frames: dict[str, tuple[str, str]] = {}
 
@@ -71,7 +72,7 @@ class ObservationTemplate:
         return self._frames[role]
 
     def _render(self, role: str) -> tuple[str, str]:
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not self.chat or not getattr(self.tokenizer, "chat_template", None):
             return "\n", "\n"
         text = self._rendered(role)
         if text is None or _ASSISTANT not in text or _OBSERVATION not in text:

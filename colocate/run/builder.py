@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from transformers import AutoTokenizer
 
 from colocate.assets import tasks
 from colocate.run import leftovers, run_folder, timesharing, tp_exchange
@@ -41,7 +40,7 @@ from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
-from colocate.run.preflight import check_contexts
+from colocate.run.preflight import check_contexts, load_tokenizer
 from colocate.rollout.named_rewards import named_reward_fns
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.data_source import DataSource
@@ -210,7 +209,7 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
     turns = None
     if env is not None:
         r = cfg.rollout
-        turns = EnvTurns(env, ObservationTemplate(tokenizer, stop_ids(tokenizer)), decode, max_turns=r.max_turns,
+        turns = EnvTurns(env, ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template), decode, max_turns=r.max_turns,
                          turn_tokens=r.turn_tokens, timeout_s=r.env_timeout_s, on_error=cfg.reward.on_error,
                          errors=env_errors)
     return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
@@ -236,8 +235,9 @@ def _data(cfg: Config, tokenizer, instruction: str = ""):
         prompts = [p.with_instruction(instruction) for p in prompts]
     held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
     train, held_out = split_held_out(prompts, held)
-    return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens),
-            tokenize_prompts(tokenizer, held_out, cfg.data.max_prompt_tokens))
+    chat = cfg.data.apply_chat_template
+    return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens, chat),
+            tokenize_prompts(tokenizer, held_out, cfg.data.max_prompt_tokens, chat))
 
 
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
@@ -282,9 +282,9 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, world_size)
     placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)  # whole groups per engine rank
     fns = _reward_fns(cfg, reward_fns)
-    tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=trusted)
+    tokenizer = load_tokenizer(actor_path, "models.actor", trusted)
     if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
-        ObservationTemplate(tokenizer, stop_ids(tokenizer)).check(env.role)  # refused before any engine starts
+        ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template).check(env.role)  # refused before any engine starts
     prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before SGLang is imported

@@ -1,6 +1,7 @@
 """Start-up checks: what can be known to fail before any engine starts.
 
-Owns: :func:`check_contexts`, which compares the longest tokenized prompt +
+Owns: :func:`load_tokenizer` (the actor's tokenizer, or one line when its folder holds no
+model or no tokenizer transformers can load) and :func:`check_contexts`, which compares the longest tokenized prompt +
 ``rollout.max_new_tokens`` with what each engine takes — the actor's and the reward
 model's context length (read from the model folder's ``config.json`` the way SGLang
 derives it, or the engine's configured ``context_length``) and each engine's KV pool
@@ -20,11 +21,30 @@ from typing import Any, Sequence
 
 from colocate.config import Config
 from colocate.engine.reward import max_score_tokens
-from colocate.errors import ConfigError
+from colocate.engine.start_checks import read_architecture
+from colocate.errors import ConfigError, cause_line
 
 # the config.json keys SGLang 0.5.23 reads a context length from, first found wins
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 SGLANG_DEFAULT_CONTEXT = 2048
+# the files a tokenizer loads from (fast, sentencepiece, BPE vocabulary)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(model_path: str, field: str, trusted: bool = False):
+    """The tokenizer of the model folder ``model_path`` (``field`` names it), or one line: a
+    folder without a model (no config.json: ``read_architecture``'s) or without a tokenizer
+    transformers can load (files missing, or unreadable)."""
+    from transformers import AutoTokenizer  # here: the CLI's --help stays light
+
+    read_architecture(model_path, field)
+    try:
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trusted)
+    except (OSError, ValueError, TypeError) as exc:  # transformers' words for absent or unreadable files
+        files = any((Path(model_path).expanduser() / name).is_file() for name in TOKENIZER_FILES)
+        why = cause_line(exc, 160).rstrip(": ") or type(exc).__name__ if files else "no tokenizer files there"
+        raise ConfigError(f"{field}: '{model_path}' has no tokenizer transformers can load ({why}); pass a model "
+                          "folder saved with its tokenizer (tokenizer.json, tokenizer_config.json)") from None
 
 
 def model_context_length(model_path: str, configured: int | None = None) -> tuple[int, str]:

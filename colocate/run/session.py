@@ -43,7 +43,7 @@ from colocate.run.resume import check_checkpoint
 from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
 from colocate.assets.prompt_chars import JOINED, CharLimit, char_limit
-from colocate.assets.tasks import chat_prompt_ids
+from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
 from colocate.trainer.distributed import DistInfo, all_gather_object
 from colocate.trainer.kl_control import KLController
 from colocate.trainer.ppo_trainer import PPOTrainer
@@ -89,18 +89,27 @@ class RunContext:
     folder: RunFolder | None = None  # the run folder held for the run (rank 0 of api.train), let go at close
 
 
-def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int) -> list[TokenizedPrompt]:
+def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: bool = True) -> list[TokenizedPrompt]:
     """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
-    messages); prompts longer than ``max_tokens``, or messages the chat template refuses, are
-    refused in one line naming the row, one with more characters than that many tokens can
-    hold before it is tokenized (``colocate.assets.prompt_chars``)."""
+    messages; ``chat`` False, ``data.apply_chat_template=false``: the text as it is); prompts
+    longer than ``max_tokens``, or messages the chat template refuses, are refused in one line
+    naming the row, one with more characters than that many tokens can hold before it is
+    tokenized (``colocate.assets.prompt_chars``); so is a tokenizer without a chat template
+    where one is needed."""
+    if chat and prompts and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("models.actor: its tokenizer has no chat template (a base model?), and prompts are put in "
+                          "one (data.apply_chat_template=true); set data.apply_chat_template=false to train on the "
+                          "prompt text as it is, or use a model whose tokenizer_config.json has a chat_template")
     out, limit = [], char_limit(tokenizer, max_tokens)
     for i, prompt in enumerate(prompts):
         name = f"prompt {i}" + (f" ({prompt.where})" if prompt.where else "")
         if limit is not None:
             _check_chars(limit, name, prompt.contents)
+        if not chat and prompt.messages:
+            raise ConfigError(f"data: {name} is chat messages, which only a chat template can format; set "
+                              "data.apply_chat_template=true, or give data.prompt_key a column of text prompts")
         try:
-            ids = chat_prompt_ids(tokenizer, prompt.chat)
+            ids = chat_prompt_ids(tokenizer, prompt.chat) if chat else raw_prompt_ids(tokenizer, prompt.text)
         except TemplateError as exc:  # e.g. a template without a system turn, or strict user/assistant turns
             roles = ", ".join(m["role"] for m in prompt.messages) or "user"
             why = cause_line(exc, 300) or type(exc).__name__

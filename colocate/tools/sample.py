@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from colocate.run.checkpoint import MANIFEST
 from colocate.errors import ConfigError
 from colocate.assets.model_aliases import resolve_model
-from colocate.assets.tasks import chat_prompt_ids
+from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
 from colocate.config import load_config
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample
@@ -74,14 +74,13 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine); ``log``
     gets a line for what was loaded (a run's export, the engine) and how long it took."""
     # here, not at the top: transformers (also via builder and session) would slow the CLI's start
-    from transformers import AutoTokenizer
-
     from colocate.run.builder import engine_configs
+    from colocate.run.preflight import load_tokenizer
     from colocate.run.session import stop_ids
 
     check(prompts, opts)
     folder = model_folder(model, log)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder, "model")
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
     stop = stop_ids(tokenizer)
     cfg = load_config(overrides=[f"engines.device={opts.device}", f"models.dtype={opts.dtype}",
@@ -101,7 +100,8 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
 
 def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - a HF tokenizer
     """Chat-formatted as in training (``colocate.assets.tasks.chat_prompt_ids``), or the plain text
-    when asked or when the tokenizer has no chat template."""
+    (``raw_prompt_ids``, as ``data.apply_chat_template=false`` trains) when asked or when the
+    tokenizer has no chat template."""
     if not chat or tokenizer.chat_template is None:
-        return tokenizer(text)["input_ids"]
+        return raw_prompt_ids(tokenizer, text)
     return chat_prompt_ids(tokenizer, text)

@@ -1,0 +1,125 @@
+"""A model folder that is not what colocate needs is one line naming the field, exit 2,
+before any engine starts: no model in it (no config.json), no tokenizer transformers can
+load (files missing or garbled), a tokenizer without a chat template while prompts are
+put in one (a base model: ``data.apply_chat_template=false`` trains on the text as it
+is). Before, each of these was a traceback from inside transformers.
+
+The raw-text prompts themselves: ``tokenize_prompts(chat=False)`` against the tokenizer's
+own plain-text call, and the environment's observation frame under it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from colocate.assets.random_models import build_tiny_causal_lm
+from colocate.assets.tasks import Prompt
+from colocate.cli import main
+from colocate.errors import ConfigError
+from colocate.rollout.turns import ObservationTemplate
+from colocate.run.preflight import load_tokenizer
+from colocate.run.session import tokenize_prompts
+
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory) -> Path:
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("folders") / "actor", seed=3)
+
+
+def _copy(actor: Path, where: Path, drop: tuple[str, ...] = ()) -> Path:
+    shutil.copytree(actor, where)
+    for name in drop:
+        (where / name).unlink(missing_ok=True)
+    return where
+
+
+def _base_model(actor: Path, where: Path) -> Path:
+    """The actor without a chat template: a base model's folder."""
+    folder = _copy(actor, where, drop=("chat_template.jinja",))
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "chat_template"}))
+    assert load_tokenizer(str(folder), "models.actor").chat_template is None
+    return folder
+
+
+def _check(tmp_path: Path, *sets: str):
+    return CliRunner().invoke(main, ["train", "--check", "--set=reward.kind=rule", "--set=reward.rule=vader",
+                                     f"--set=run.out_dir={tmp_path / 'run'}", *(f"--set={s}" for s in sets)])
+
+
+def _one_line(result) -> str:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, (result.exit_code, result.output[-3000:])
+    return lines[0]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("empty", "error: models.actor: no model at '{path}' (no config.json there)"),
+    ("no config.json", "error: models.actor: no model at '{path}' (no config.json there)"),
+    ("no tokenizer", "error: models.actor: '{path}' has no tokenizer transformers can load (no tokenizer files there); "
+                     "pass a model folder saved with its tokenizer"),
+    ("garbled tokenizer.json", "error: models.actor: '{path}' has no tokenizer transformers can load (expected"),
+])
+def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case, expected):
+    where = tmp_path / "actor"
+    if case == "empty":
+        where.mkdir()
+    elif case == "no config.json":
+        _copy(actor, where, drop=("config.json",))
+    elif case == "no tokenizer":
+        _copy(actor, where, drop=TOKENIZER)
+    else:
+        _copy(actor, where, drop=("tokenizer_config.json", "chat_template.jinja"))
+        (where / "tokenizer.json").write_text('{"model": ')
+    line = _one_line(_check(tmp_path, f"models.actor={where}"))
+    head = expected.format(path=where)
+    if head.endswith("(expected"):  # the JSON parser's own words follow
+        assert line.startswith(head[: -len("expected")]) and "pass a model folder saved with its tokenizer" in line, line
+    else:
+        assert line.startswith(head), line
+
+
+def test_generate_names_its_model_argument_for_an_empty_folder(tmp_path):
+    (tmp_path / "nothing").mkdir()
+    result = CliRunner().invoke(main, ["generate", str(tmp_path / "nothing"), "--prompt=hi"])
+    assert _one_line(result).startswith(f"error: model: no model at '{tmp_path / 'nothing'}' (no config.json there)")
+
+
+def test_a_base_model_without_a_chat_template_is_one_line_naming_the_switch(actor, tmp_path):
+    base = _base_model(actor, tmp_path / "base")
+    line = _one_line(_check(tmp_path, f"models.actor={base}"))
+    assert line.startswith("error: models.actor: its tokenizer has no chat template (a base model?)"), line
+    assert "set data.apply_chat_template=false" in line
+    result = _check(tmp_path, f"models.actor={base}", "data.apply_chat_template=false")
+    assert result.exit_code == 0 and "check ok:" in result.output, result.output[-3000:]
+
+
+def test_raw_prompts_are_the_tokenizers_plain_text_ids(actor, tmp_path):
+    """``chat=False``: each prompt's ids are what the tokenizer makes of the text itself, with
+    its own special tokens added (none for the tiny byte tokenizer, as for Qwen); a special
+    token's string in the text stays text; chat messages are refused in one line."""
+    tok = load_tokenizer(str(_base_model(actor, tmp_path / "base")), "models.actor")
+    texts = ["Write a short review.", "two\nlines", "a forged <|im_start|>system turn"]
+    got = tokenize_prompts(tok, [Prompt(t) for t in texts], 512, chat=False)
+    for text, prompt in zip(texts, got):
+        naive = tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+        assert list(prompt.ids) == naive and tok.decode(list(prompt.ids)) == text
+    assert tok.convert_tokens_to_ids("<|im_start|>") not in got[2].ids  # the control token is not forged
+    chat = Prompt("hi", messages=({"role": "user", "content": "hi"},), where="line 3 of p.jsonl")
+    with pytest.raises(ConfigError, match=r"^data: prompt 0 \(line 3 of p.jsonl\) is chat messages.*"
+                                          r"data.apply_chat_template=true"):
+        tokenize_prompts(tok, [chat], 512, chat=False)
+
+
+def test_raw_prompts_frame_observations_as_lines_even_where_a_template_exists(actor):
+    """An environment's answer after a model turn: the chat template's frame by default, plain
+    lines under ``data.apply_chat_template=false`` (the prompt had no template either)."""
+    tok = load_tokenizer(str(actor), "models.actor")
+    assert ObservationTemplate(tok, [tok.eos_token_id]).frame("tool") != ("\n", "\n")
+    assert ObservationTemplate(tok, [tok.eos_token_id], chat=False).frame("tool") == ("\n", "\n")
