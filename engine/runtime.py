@@ -31,6 +31,7 @@ import psutil
 from .child_output import ChildOutput, last_line
 from .engine_config import EngineConfig, _server_kwargs, child_quit, releasable_graphs
 from .errors import EngineError
+from .failed_start import end_contexts_since, zmq_contexts
 from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api
@@ -68,6 +69,7 @@ class SglangEngine:
         self._store_dir = Path(tempfile.mkdtemp(prefix=STORE_PREFIX))
         before = _children()
         self._output = ChildOutput(OUTPUT_PREFIX)  # what the engine's processes write, held while it starts
+        contexts = zmq_contexts()  # a failed start's own are ended (engine.failed_start)
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
                     sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
@@ -79,11 +81,13 @@ class SglangEngine:
             self._output.close(keep=bool(said))
             _stop(_children() - before)  # this start's processes: a detokenizer outlives its scheduler
             shutil.rmtree(self._store_dir, ignore_errors=True)
+            end_contexts_since(contexts)  # else a later garbage collection hangs in its context's end
             raise start_error(cfg, exc, architecture=self.architecture, said=said,
                               log=self._output.path if said else None) from None
         except BaseException:  # anything else (an interrupt): stderr back, SGLang's output kept
             self._output.failed()
             self._output.close(keep=True)
+            end_contexts_since(contexts)
             raise
         self._output.started()
         self.start_seconds = time.perf_counter() - started

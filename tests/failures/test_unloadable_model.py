@@ -70,11 +70,19 @@ def test_a_gemma2_actor_is_refused_in_one_line_before_any_engine(gemma2, tmp_pat
 @pytest.mark.slow
 def test_a_model_the_scheduler_cannot_load_is_one_line_and_the_process_lives(tmp_path):
     """The folder passes every check (its config is a Llama's); SGLang's scheduler fails
-    reading the cut weights and SIGQUITs its parent, which lives to print one line."""
+    reading the cut weights and SIGQUITs its parent, which lives to print one line. After
+    it, a garbage collection returns (the failed start's ZeroMQ context was ended: before,
+    collecting it waited forever, at exit or wherever the allocator ran one)."""
     folder = build_tiny_causal_lm(tmp_path / "cut", arch="llama")
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:4096])
-    done = _colocate("generate", str(folder), "--prompt=hi", "--max-new-tokens=4", "--device=cpu", cwd=tmp_path)
+    args = ["generate", str(folder), "--prompt=hi", "--max-new-tokens=4", "--device=cpu"]
+    then_collect = ("import gc, sys\nfrom colocate.cli import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
+                    "except SystemExit as exc:\n    code = exc.code\n"  # the error, and what it held, let go
+                    "gc.collect()\nprint('collected', flush=True)\nsys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", then_collect, *args], cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=180)  # ~30 s; a context left open: forever
+    assert done.stdout.strip() == "collected", done.stdout[-2000:]
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])  # not 137: nothing killed the process
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr[-3000:]  # not SGLang's traceback
