@@ -104,7 +104,7 @@ def build_tiny_causal_lm(
     """Random float32 causal LM of the family ``arch`` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, ...)
     plus the tiny tokenizer, in `path`. ``intermediate``: the MLP's width (2 × ``hidden``
     unless given); ``tied``: the LM head is the input embeddings (unless given: Gemma's only)."""
-    from transformers import AutoModelForCausalLM  # transformers on demand: MODEL_SHAPES stays light (the CLI reads it)
+    from transformers import AutoModelForCausalLM  # on demand: MODEL_SHAPES stays light
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions, intermediate)
     if tied is not None:
@@ -156,7 +156,7 @@ def build_tiny_reward_model(
 
     `pad_token_id` is set in the config: HF pools the last non-pad token with it.
     """
-    from transformers import AutoModelForSequenceClassification  # transformers on demand: MODEL_SHAPES stays light (the CLI reads it)
+    from transformers import AutoModelForSequenceClassification  # on demand: MODEL_SHAPES stays light
 
     config = _tiny_config(arch, hidden, layers, heads, kv_heads, vocab, max_positions, intermediate, num_labels=1)
 
@@ -185,7 +185,7 @@ def _tiny_config(
     arch: Arch, hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, max_positions: int,
     intermediate: int | None = None, **extra: object
 ) -> PretrainedConfig:
-    from transformers import AutoConfig  # transformers on demand: MODEL_SHAPES stays light (the CLI reads it)
+    from transformers import AutoConfig  # on demand: MODEL_SHAPES stays light
 
     if arch not in typing.get_args(Arch):
         raise ValueError(f"arch must be one of {sorted(typing.get_args(Arch))}, got {arch!r}")
@@ -211,7 +211,7 @@ def _tiny_config(
 
 def _save_seeded(path: str | os.PathLike[str], seed: int, make: Callable[[], torch.nn.Module]) -> Path:
     """Build a model under `seed` without touching the caller's RNG; save it with the tiny tokenizer."""
-    from transformers import GenerationConfig  # transformers on demand: MODEL_SHAPES stays light (the CLI reads it)
+    from transformers import GenerationConfig  # on demand: MODEL_SHAPES stays light
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

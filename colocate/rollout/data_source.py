@@ -6,10 +6,11 @@ rank's position in its stream of prompts (groups drawn) and where the engine ran
 streams start (:meth:`DataSource.position`: ``sample.union_id`` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
 budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
-samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the deferred samples (partial, or finished and waiting
-for their group or the next step: the scheduler reads them each step, the ones the step
-takes or drops leave the buffer, and what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and :func:`redistribute`
-(a resume on another number of engine ranks).
+samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the
+deferred samples (partial, or finished and waiting for their group or the next step: the
+scheduler reads them each step, the ones the step takes or drops leave the buffer, and
+what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and
+:func:`redistribute` (a resume on another number of engine ranks).
 
 Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring
 them (``colocate.rollout.rollouts``), the checkpoint's layout (``colocate.run.checkpoint_layout``).

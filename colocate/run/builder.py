@@ -209,7 +209,8 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
     turns = None
     if env is not None:
         r = cfg.rollout
-        turns = EnvTurns(env, ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template), decode, max_turns=r.max_turns,
+        frame = ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template)
+        turns = EnvTurns(env, frame, decode, max_turns=r.max_turns,
                          turn_tokens=r.turn_tokens, timeout_s=r.env_timeout_s, on_error=cfg.reward.on_error,
                          errors=env_errors)
     return Rollouts(cfg, actor, reward, reward_cfg if own_feeder(cfg) else None, log, reward_fns=reward_fns,
@@ -284,7 +285,8 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = load_tokenizer(actor_path, "models.actor", trusted)
     if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
-        ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template).check(env.role)  # refused before any engine starts
+        frame = ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template)
+        frame.check(env.role)  # refused before any engine starts
     prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before SGLang is imported

@@ -1,8 +1,8 @@
 """Start-up checks: what can be known to fail before any engine starts.
 
 Owns: :func:`load_tokenizer` (the actor's tokenizer, or one line when its folder holds no
-model or no tokenizer transformers can load) and :func:`check_contexts`, which compares the longest tokenized prompt +
-``rollout.max_new_tokens`` with what each engine takes — the actor's and the reward
+model or no tokenizer transformers can load) and :func:`check_contexts`, which compares
+the longest tokenized prompt + ``rollout.max_new_tokens`` with what each engine takes — the actor's and the reward
 model's context length (read from the model folder's ``config.json`` the way SGLang
 derives it, or the engine's configured ``context_length``) and each engine's KV pool
 (``engines.*_max_total_tokens``: one whole request must fit it) — and fails with one

@@ -80,7 +80,8 @@ def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case
     line = _one_line(_check(tmp_path, f"models.actor={where}"))
     head = expected.format(path=where)
     if head.endswith("(expected"):  # the JSON parser's own words follow
-        assert line.startswith(head[: -len("expected")]) and "pass a model folder saved with its tokenizer" in line, line
+        assert line.startswith(head[: -len("expected")]), line
+        assert "pass a model folder saved with its tokenizer" in line, line
     else:
         assert line.startswith(head), line
 
