@@ -87,20 +87,17 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def _signals_stop(stop: StopRequest, loop=None):
+def _signals_stop(stop: StopRequest):
     """Route SIGINT/SIGTERM to ``stop`` while training (main thread only).
 
-    SGLang puts its own SIGTERM handler on the engines' event loop (drain, then exit the
-    process without a checkpoint); it is taken off that loop first. The handler is a plain
+    SGLang's own SIGTERM handler (drain, then exit the process without a checkpoint) is
+    already off the engines' event loop (``engine.in_process``). The handler is a plain
     Python one, not a loop one: the engines' loop is uvloop, which only dispatches loop
     signal handlers while it runs, and training happens between its runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     sigs = (signal.SIGINT, signal.SIGTERM)
-    if loop is not None:
-        for sig in sigs:
-            loop.remove_signal_handler(sig)
     old = {sig: signal.signal(sig, stop) for sig in sigs}
     try:
         yield
@@ -185,7 +182,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
         progress = None if quiet or not session.is_main else Progress(cfg.run.steps, session.state.step)
         if progress is not None:
             session.watch_phases(progress.phase)
-        with _signals_stop(stop, session.actor.loop if session.actor is not None else None):
+        with _signals_stop(stop):
             history = loop.train(session, callbacks, progress, stop)
     finally:
         if progress is not None:

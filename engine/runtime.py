@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import multiprocessing
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ import psutil
 from .child_output import ChildOutput, last_line
 from .engine_config import EngineConfig, _server_kwargs, child_quit, releasable_graphs
 from .errors import EngineError
-from .failed_start import end_contexts_since, zmq_contexts
+from .in_process import end_contexts_since, end_tokenizer_side, give_back_sigterm, zmq_contexts
 from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
 from . import sglang_api
@@ -69,7 +70,8 @@ class SglangEngine:
         self._store_dir = Path(tempfile.mkdtemp(prefix=STORE_PREFIX))
         before = _children()
         self._output = ChildOutput(OUTPUT_PREFIX)  # what the engine's processes write, held while it starts
-        contexts = zmq_contexts()  # a failed start's own are ended (engine.failed_start)
+        contexts = zmq_contexts()  # a failed start's own are ended (engine.in_process)
+        sigterm = signal.getsignal(signal.SIGTERM)  # SGLang replaces it: put back once started
         try:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
                     sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
@@ -113,6 +115,7 @@ class SglangEngine:
         self.loop.run_until_complete(self._start_handle_loop())
         if threading.current_thread() is threading.main_thread():  # where SGLang added its handler
             self.loop.add_signal_handler(signal.SIGQUIT, child_quit)  # its running-phase one kills the process
+        give_back_sigterm(self.loop, sigterm)  # its handler drains, then kills this whole process tree
         self.weight_version = 0
         self.requests = 0  # generate and score requests sent so far
         self.closed = False
@@ -334,19 +337,14 @@ class SglangEngine:
         watchdog = getattr(self._engine.tokenizer_manager, "_subprocess_watchdog", None)
         if watchdog is not None:
             watchdog.stop()
-        procs = []
+        pids = set()
         for pid in self._child_pids:
             try:
-                proc = psutil.Process(pid)
-                procs += [*proc.children(recursive=True), proc]
+                pids |= {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
             except psutil.NoSuchProcess:
                 continue
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        _stop(pids)
+        end_tokenizer_side(self._engine)  # else its tasks, sockets and context outlive the engine
         self._output.close()
         shutil.rmtree(self._store_dir, ignore_errors=True)
 
@@ -356,7 +354,10 @@ def _children() -> set[int]:
 
 
 def _stop(pids: set[int]) -> None:
-    """Kill ``pids`` (processes of this one) and wait for them."""
+    """Kill ``pids`` (processes of this one) and wait for them. Those multiprocessing
+    started are joined through their handles and the handles closed: reaped by psutil
+    instead, a handle never learns its exit and keeps its pipe open
+    (``multiprocessing.active_children()`` listed them as alive forever)."""
     procs = []
     for pid in pids:
         try:
@@ -364,6 +365,11 @@ def _stop(pids: set[int]) -> None:
             procs[-1].kill()
         except psutil.NoSuchProcess:
             continue
+    for child in multiprocessing.active_children():
+        if child.pid in pids:
+            child.join(timeout=30)
+            if child.exitcode is not None:
+                child.close()
     psutil.wait_procs(procs, timeout=30)
 
 

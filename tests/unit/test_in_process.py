@@ -1,4 +1,4 @@
-"""engine.failed_start: the ZeroMQ contexts a failed start made are ended with their
+"""engine.in_process: the ZeroMQ contexts a failed start made are ended with their
 sockets, those alive before it are not, and a collection afterwards returns (a context
 left open with a socket, both garbage, hangs the collector in the context's end: the
 failed start's case, measured in tests/failures/test_unloadable_model.py)."""
@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from colocate.engine.failed_start import end_contexts_since, zmq_contexts
+from colocate.engine.in_process import end_contexts_since, zmq_contexts
 
 
 def test_the_contexts_made_since_are_ended_with_their_sockets_and_the_others_kept():
@@ -34,7 +34,7 @@ def test_the_contexts_made_since_are_ended_with_their_sockets_and_the_others_kep
 
 HALF_MADE = """
 import gc, zmq
-from colocate.engine.failed_start import end_contexts_since, zmq_contexts
+from colocate.engine.in_process import end_contexts_since, zmq_contexts
 before = zmq_contexts()
 class Half:  # a half-made engine: it holds a socket, the socket's context, and itself
     pass
