@@ -91,6 +91,9 @@ class RewardConfig:
     scale: float = 1.0
     # a Python/rule reward function that raises: fail the step (raise) or score 0.0 and count it (zero)
     on_error: Literal["raise", "zero"] = "raise"
+    # one call of a reward function; async def: cancelled past it (an error under on_error);
+    # def: it cannot be cut off, one line says it is late; 0: no deadline
+    fn_timeout_s: float = 60.0
 
     def __post_init__(self):
         for name in ("rule", "fns"):

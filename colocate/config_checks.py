@@ -12,6 +12,7 @@ or an engine to check (the run's start: ``colocate.run.builder``, ``engine.start
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from colocate.engine.start_checks import check_server_arg_values
@@ -40,6 +41,7 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
         (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
         (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
         (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
+        (0 <= cfg.reward.fn_timeout_s < math.inf, "reward.fn_timeout_s must be >= 0 and finite (0: no deadline)"),
         (cfg.reward.kind != "rule" or cfg.reward.rules or cfg.reward.fn_names,
          f"reward.kind=rule (no reward model) needs reward.rule (a comma list of {', '.join(RULES)}) "
          "or reward.fns (package.module:fn)"),

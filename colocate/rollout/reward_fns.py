@@ -14,16 +14,27 @@ What happens when it does not — it raises, returns NaN or ±inf, or returns a 
 naming the function, the sample and the cause (the checkpoint of the last completed step
 is written, as for every failure); ``zero``: the response scores 0.0 from that function and
 the failure is counted (``reward/fn_errors`` in metrics.jsonl), never silently. So nothing
-non-finite from a function reaches advantages, the critic or a checkpoint. Leaves out:
-summing the reward (``colocate.rollout.scoring``), what the shipped rules score
+non-finite from a function reaches advantages, the critic or a checkpoint.
+
+A call that does not return within ``reward.fn_timeout_s`` (a verifier that hangs, a request
+to a server that never answers): an ``async def`` function's call is cancelled there and
+fails as above ("did not return within …"). A plain ``def`` function runs on the engines'
+thread, where math_verify's and other signal-based timeouts work, and cannot be cut off
+there: one line says, once, which function has run past the deadline on which sample, and
+the step waits for it (:class:`Overdue`).
+
+Leaves out: summing the reward (``colocate.rollout.scoring``), what the shipped rules score
 (``colocate.assets.tasks``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import math
+import threading
+import time
 from typing import Any, Callable, Literal, Sequence
 
 from colocate.errors import ColocateError, cause_line
@@ -62,10 +73,17 @@ def wants_messages(fn: Callable) -> bool:
     return any(p.name == "messages" or p.kind is p.VAR_KEYWORD for p in params)
 
 
+def start(fn: RewardFn, record: dict[str, Any], text: str, messages: Callable[[], Messages] | None,
+          asks: bool) -> Any:
+    """``fn``'s value as it returned it (an async function's: its awaitable); ``messages()``
+    is built only when it asks."""
+    return fn(record, text, messages=list(messages() if messages else ())) if asks else fn(record, text)
+
+
 async def call(fn: RewardFn, record: dict[str, Any], text: str, messages: Callable[[], Messages] | None,
                asks: bool) -> Any:
-    """``fn``'s value as it returned it (awaited); ``messages()`` is built only when it asks."""
-    value = fn(record, text, messages=list(messages() if messages else ())) if asks else fn(record, text)
+    """``fn``'s value as it returned it (awaited)."""
+    value = start(fn, record, text, messages, asks)
     if inspect.isawaitable(value):
         value = await value
     return value
@@ -82,26 +100,94 @@ def number(value: Any) -> float | str:
     return x if math.isfinite(x) else f"returned {x} (not finite)"
 
 
-class Guarded:
-    """``fn`` under ``reward.on_error``: awaited with ``(record, text, messages=, sample=)``,
-    returns a finite float (module docstring)."""
+class Overdue:
+    """Says once, through ``say``, that the synchronous call running now has passed
+    ``after_s`` (it cannot be cut off on the thread it runs on). A call costs two attribute
+    writes; a daemon thread looks once a second while calls come, and ends after a quiet
+    minute (the next call starts it again)."""
 
-    def __init__(self, fn: RewardFn, on_error: Literal["raise", "zero"], errors: RewardFnErrors):
-        self.fn, self.on_error, self.errors = fn, on_error, errors
+    QUIET_S = 60.0
+
+    def __init__(self, after_s: float, say: Callable[[str], None]):
+        self.after_s, self.say = after_s, say
+        self._running: tuple[float, str] | None = None  # (started, what) of the call running now
+        self._last = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def begin(self, what: str) -> None:
+        self._running = (time.monotonic(), what)
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._watch, daemon=True, name="colocate-reward-deadline")
+                    self._thread.start()
+
+    def end(self) -> None:
+        self._running, self._last = None, time.monotonic()
+
+    def _watch(self) -> None:
+        said = None
+        while True:
+            time.sleep(min(1.0, self.after_s))
+            running = self._running
+            if running is None:
+                if time.monotonic() - self._last > self.QUIET_S:
+                    return
+                continue
+            started, what = running
+            if running is not said and time.monotonic() - started > self.after_s:
+                said = running
+                self.say(f"{what} has run {time.monotonic() - started:.0f} s (reward.fn_timeout_s "
+                         f"{self.after_s:g}); a plain def function cannot be cut off, the step waits for it "
+                         "(make it async def, awaiting its slow call, to have the deadline end it)")
+
+
+class Guarded:
+    """``fn`` under ``reward.on_error`` and ``reward.fn_timeout_s`` (``timeout_s``, 0: none;
+    ``say``: where a synchronous call past it is reported): awaited with ``(record, text,
+    messages=, sample=)``, returns a finite float (module docstring)."""
+
+    def __init__(self, fn: RewardFn, on_error: Literal["raise", "zero"], errors: RewardFnErrors,
+                 timeout_s: float = 0.0, say: Callable[[str], None] | None = None):
+        self.fn, self.on_error, self.errors, self.timeout_s = fn, on_error, errors, timeout_s
         self.asks = wants_messages(fn)
         self.__qualname__ = fn_name(fn)
+        self.overdue = Overdue(timeout_s, say) if timeout_s > 0 and say is not None else None
 
     async def __call__(self, record: dict[str, Any], text: str, messages: Callable[[], Messages] | None = None,
                        sample: int | None = None) -> float:
         try:
-            value = await call(self.fn, record, text, messages, self.asks)
+            if self.overdue is not None:
+                self.overdue.begin(f"reward function {self.__qualname__}" + _on(sample))
+            try:
+                value = start(self.fn, record, text, messages, self.asks)
+            finally:
+                if self.overdue is not None:
+                    self.overdue.end()
+            if inspect.isawaitable(value):
+                value = await self._awaited(value)
+        except _Late:
+            return self._failed(f"did not return within {self.timeout_s:g} s (reward.fn_timeout_s)", sample, None)
         except Exception as exc:  # noqa: BLE001 - the policy decides; nothing is swallowed silently
             return self._failed(f"raised {type(exc).__name__}: {cause_line(exc)}", sample, exc)
         x = number(value)
         return x if isinstance(x, float) else self._failed(x, sample, None)
 
+    async def _awaited(self, value: Any) -> Any:
+        """An async function's value; past ``timeout_s`` its call is cancelled (``_Late``)."""
+        if self.timeout_s <= 0:
+            return await value
+        task = asyncio.ensure_future(value)
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)  # its cancellation runs (bounded: it may swallow it)
+            raise _Late
+        return task.result()
+
     def _failed(self, why: str, sample: int | None, exc: BaseException | None) -> float:
-        what = f"reward function {self.__qualname__} {why}" + (f" (sample {sample})" if sample is not None else "")
+        what = f"reward function {self.__qualname__} {why}" + _on(sample, "(sample {})")
         if self.on_error == "raise":
             raise RewardFnError(f"{what}; fix it, or set reward.on_error=zero to score such "
                                 "responses 0.0 (counted in reward/fn_errors)") from exc
@@ -110,6 +196,17 @@ class Guarded:
         return 0.0
 
 
-def guarded(fn: RewardFn, on_error: Literal["raise", "zero"], errors: RewardFnErrors) -> Guarded:
-    """``fn`` (sync or async) as an async reward function that applies ``on_error``."""
-    return Guarded(fn, on_error, errors)
+class _Late(Exception):
+    """An async reward function's call ran past ``reward.fn_timeout_s``."""
+
+
+def _on(sample: int | None, form: str = "on sample {}") -> str:
+    return " " + form.format(sample) if sample is not None else ""
+
+
+def guarded(fn: RewardFn, on_error: Literal["raise", "zero"], errors: RewardFnErrors, timeout_s: float = 0.0,
+            say: Callable[[str], None] | None = None) -> Guarded:
+    """``fn`` (sync or async) as an async reward function that applies ``on_error`` and
+    ``timeout_s`` (``reward.fn_timeout_s``; ``say``: the run's log, for a synchronous call
+    past it)."""
+    return Guarded(fn, on_error, errors, timeout_s, say)

@@ -352,7 +352,7 @@ def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, r
     share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
     reward_errors = RewardFnErrors()
     env_errors = EnvErrors()  # one count across the rollout phases a session builds (the bench's per mode)
-    fns = [guarded(fn, cfg.reward.on_error, reward_errors) for fn in inputs.reward_fns]
+    fns = [guarded(fn, cfg.reward.on_error, reward_errors, cfg.reward.fn_timeout_s, log) for fn in inputs.reward_fns]
     rollouts = None
     hosted = RankEngines(placement=placement)
     if placement.hosts_engines:  # the reward engine unless a feeder process hosts its own

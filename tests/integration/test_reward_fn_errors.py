@@ -4,8 +4,10 @@ the failures are counted in metrics.jsonl."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
 
 import pytest
 
@@ -106,3 +108,37 @@ def test_reward_fns_by_name_score_a_run_without_a_reward_model(tmp_path, tiny_pa
     summary = api.train(cfg, quiet=True, engines=engine_pool)
     [h] = summary.history
     assert h["trained_samples"] == 4 and h["reward_mean"] == pytest.approx(CONSTANT)
+
+
+class HangsFromCall:
+    """An async function that never returns from its ``n``-th call on (a verifier server that
+    stopped answering)."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    async def __call__(self, record, text):
+        self.calls += 1
+        if self.calls >= self.n:
+            await asyncio.Event().wait()
+        return 0.1
+
+
+@pytest.mark.slow
+def test_an_async_function_that_never_returns_fails_the_step_at_its_deadline(tmp_path, tiny_pair, run_overrides,
+                                                                             engine_pool):
+    """reward.fn_timeout_s: the step ends in one line instead of waiting forever; the
+    checkpoint of the last completed step is kept, and the engines serve the next run."""
+    models = tiny_pair("fnerr-sequential", 5, 6)
+    cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=3", "run.save_every=1",
+                                              "run.eval_every=0", "rollout.max_new_tokens=6",
+                                              "reward.fn_timeout_s=1"))
+    started = time.monotonic()
+    with pytest.raises(RewardFnError) as info:
+        api.train(cfg, reward_fns=[HangsFromCall(5)], quiet=True, engines=engine_pool)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("reward function HangsFromCall did not return within 1 s "
+                                                "(reward.fn_timeout_s) (sample ")
+    assert time.monotonic() - started < 120  # bounded: the deadline, not the test's timeout
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1] and (tmp_path / "run" / "checkpoints" / "step_00000001").is_dir()

@@ -29,6 +29,8 @@ def test_train_print_config_applies_overrides():
     (["does-not-exist.yaml"], "does not exist"),
     (["--set", "ppo.kl_coef=-1"], "ppo.kl_coef must be > 0"),
     (["--set", "ppo.kl_horizon=0"], "ppo.kl_horizon must be > 0"),
+    (["--set", "reward.fn_timeout_s=-1"], "reward.fn_timeout_s must be >= 0 and finite (0: no deadline)"),
+    (["--set", "reward.fn_timeout_s=inf"], "reward.fn_timeout_s must be >= 0 and finite"),
     (["--set", "overlap.mode=oppo", "--set", "reward.kind=rule", "--set", "reward.rule=vader"],
      "with reward.kind=rule use overlap.mode=inter"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -100,3 +101,65 @@ def test_messages_reach_only_a_function_that_asks_and_are_built_only_then():
     assert asyncio.run(guarded(asks, "raise", errors)({}, "abc", messages)) == 2.0
     assert asyncio.run(guarded(asks_by_kwargs, "raise", errors)({}, "abc", messages)) == 20.0
     assert built == [1, 1]
+
+
+# ---- reward.fn_timeout_s ---------------------------------------------------------------
+async def hangs(record, text):
+    await asyncio.Event().wait()  # a request to a server that never answers
+
+
+def test_an_async_call_past_the_deadline_is_cancelled_and_fails_in_one_line():
+    errors = RewardFnErrors()
+    with pytest.raises(RewardFnError) as e:
+        asyncio.run(asyncio.wait_for(guarded(hangs, "raise", errors, 0.2)({}, "x", sample=4), timeout=10))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("reward function hangs did not return within 0.2 s "
+                                              "(reward.fn_timeout_s) (sample 4); ")
+    assert asyncio.run(asyncio.wait_for(guarded(hangs, "zero", errors, 0.2)({}, "x", sample=5), timeout=10)) == 0.0
+    assert errors.take() == 1 and "did not return within" in errors.last
+
+
+def test_the_deadline_ends_the_call_itself():
+    ended = []
+
+    async def slow(record, text):
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ended.append("its finally ran")
+
+    async def main():
+        with pytest.raises(RewardFnError):
+            await guarded(slow, "raise", RewardFnErrors(), 0.1)({}, "x")
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == [] and ended == ["its finally ran"]  # cancelled: nothing of it left
+
+
+def test_a_call_within_the_deadline_or_without_one_is_unchanged():
+    async def quick(record, text):
+        await asyncio.sleep(0.05)
+        return 2
+
+    errors = RewardFnErrors()
+    assert asyncio.run(guarded(quick, "raise", errors, 5.0)({}, "x")) == 2.0
+    assert asyncio.run(guarded(quick, "raise", errors, 0.0)({}, "x")) == 2.0  # 0: no deadline
+    assert errors.count == 0
+
+
+def test_a_sync_call_past_the_deadline_is_said_once_and_its_value_kept():
+    """A plain def function runs on the loop's thread (math_verify's signal timeouts need
+    it): it cannot be cut off, so one line names it and the sample, and the step waits."""
+    said = []
+
+    def slow(record, text):
+        time.sleep(1.6)
+        return 1.5
+
+    fn = guarded(slow, "raise", RewardFnErrors(), 0.3, said.append)
+    assert asyncio.run(fn({}, "x", sample=9)) == 1.5
+    assert len(said) == 1 and said[0].startswith("reward function ") and "slow on sample 9 has run" in said[0]
+    assert "reward.fn_timeout_s 0.3" in said[0] and "async def" in said[0]
+    assert asyncio.run(guarded(lambda r, t: 1, "raise", RewardFnErrors(), 0.3, said.append)({}, "x")) == 1.0
+    time.sleep(1.2)
+    assert len(said) == 1  # a quick call is never reported, nor the slow one twice
