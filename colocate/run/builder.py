@@ -40,7 +40,7 @@ from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
-from colocate.run.preflight import check_contexts, load_tokenizer
+from colocate.run.preflight import check_contexts, check_reads_actor_ids, load_tokenizer
 from colocate.rollout.named_rewards import named_reward_fns
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
 from colocate.rollout.data_source import DataSource
@@ -284,6 +284,14 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)  # whole groups per engine rank
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = load_tokenizer(actor_path, "models.actor", trusted)
+    if reward_path is not None:
+        check_reads_actor_ids(tokenizer, actor_path, reward_path, "models.reward", trusted,
+                              "use a reward model with the actor's tokenizer (one of its model family), or "
+                              "reward.kind=rule with reward functions, which read the decoded text")
+    if cfg.models.critic:
+        check_reads_actor_ids(tokenizer, actor_path, critic_path, "models.critic", trusted,
+                              "use a critic backbone with the actor's tokenizer, or leave models.critic unset "
+                              "(the actor's own backbone)")
     if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
         frame = ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template)
         frame.check(env.role)  # refused before any engine starts

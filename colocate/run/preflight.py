@@ -1,7 +1,9 @@
 """Start-up checks: what can be known to fail before any engine starts.
 
 Owns: :func:`load_tokenizer` (the actor's tokenizer, or one line when its folder holds no
-model or no tokenizer transformers can load) and :func:`check_contexts`, which compares
+model or no tokenizer transformers can load), :func:`check_reads_actor_ids` (the reward
+model and a critic of their own are handed the actor's token ids as they are: their
+tokenizer and embedding must take them) and :func:`check_contexts`, which compares
 the longest tokenized prompt + ``rollout.max_new_tokens`` with what each engine takes — the actor's and the reward
 model's context length (read from the model folder's ``config.json`` the way SGLang
 derives it, or the engine's configured ``context_length``) and each engine's KV pool
@@ -45,6 +47,46 @@ def load_tokenizer(model_path: str, field: str, trusted: bool = False):
         why = cause_line(exc, 160).rstrip(": ") or type(exc).__name__ if files else "no tokenizer files there"
         raise ConfigError(f"{field}: '{model_path}' has no tokenizer transformers can load ({why}); pass a model "
                           "folder saved with its tokenizer (tokenizer.json, tokenizer_config.json)") from None
+
+
+def check_reads_actor_ids(actor_tokenizer, actor_path: str, model_path: str, field: str, trusted: bool = False,
+                          fix: str = "") -> None:
+    """The model at ``model_path`` (``field``: the reward model, or a critic backbone of its
+    own) is handed the actor's token ids as they are: its embedding must have a row for
+    every id the actor can sample, and its tokenizer (where its folder has one) must give
+    the actor's tokens the actor's ids, else it would score or value other text than the
+    actor wrote, with no error anywhere. Tokens either tokenizer adds (special and added
+    ones) may differ; ``fix``: the field's own way out, appended to the line."""
+    if Path(model_path).expanduser().resolve() == Path(actor_path).expanduser().resolve():
+        return
+    rows, actor_rows = _vocab_size(model_path), _vocab_size(actor_path)
+    if rows is not None and actor_rows is not None and rows < actor_rows:
+        raise ConfigError(f"{field}: its embedding has {rows} rows, fewer than the actor's {actor_rows} token ids "
+                          f"(config.json vocab_size), so a token the actor samples can be past its end; {fix}")
+    if not any((Path(model_path).expanduser() / name).is_file() for name in TOKENIZER_FILES):
+        return  # no tokenizer of its own to compare (the engine reads token ids only)
+    try:
+        other = load_tokenizer(model_path, field, trusted)
+    except ConfigError:
+        return  # unreadable: nothing runs it (the engine reads token ids only)
+    added = set(actor_tokenizer.added_tokens_decoder) | set(other.added_tokens_decoder)
+    theirs = other.get_vocab()
+    ours = [(token, i) for token, i in actor_tokenizer.get_vocab().items() if i not in added]
+    differ = [(token, i) for token, i in ours if theirs.get(token) != i]
+    if differ:
+        token, i = min(differ, key=lambda x: x[1])
+        there = f"{theirs[token]} there" if token in theirs else "not there"
+        raise ConfigError(f"{field}: its tokenizer is not the actor's ({len(differ)} of the actor's {len(ours)} "
+                          f"tokens have another id there, e.g. {token!r} is {i} in the actor's, {there}); it is "
+                          f"handed the actor's token ids as they are, so it would read other text than the actor "
+                          f"wrote; {fix}")
+
+
+def _vocab_size(model_path: str) -> int | None:
+    file = Path(model_path).expanduser() / "config.json"
+    data = json.loads(file.read_text()) if file.is_file() else {}
+    size = (data.get("text_config") or data).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
 
 
 def model_context_length(model_path: str, configured: int | None = None) -> tuple[int, str]:

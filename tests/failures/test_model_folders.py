@@ -2,7 +2,9 @@
 before any engine starts: no model in it (no config.json), no tokenizer transformers can
 load (files missing or garbled), a tokenizer without a chat template while prompts are
 put in one (a base model: ``data.apply_chat_template=false`` trains on the text as it
-is). Before, each of these was a traceback from inside transformers.
+is). Before, each of these was a traceback from inside transformers. A reward model or
+critic whose tokenizer or embedding does not take the actor's token ids as they are: one
+line too (before: it started and read other text than the actor wrote, silently).
 
 The raw-text prompts themselves: ``tokenize_prompts(chat=False)`` against the tokenizer's
 own plain-text call, and the environment's observation frame under it."""
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from colocate.assets.random_models import build_tiny_causal_lm
+from colocate.assets.random_models import build_tiny_causal_lm, build_tiny_reward_model
 from colocate.assets.tasks import Prompt
 from colocate.cli import main
 from colocate.errors import ConfigError
@@ -124,3 +126,44 @@ def test_raw_prompts_frame_observations_as_lines_even_where_a_template_exists(ac
     tok = load_tokenizer(str(actor), "models.actor")
     assert ObservationTemplate(tok, [tok.eos_token_id]).frame("tool") != ("\n", "\n")
     assert ObservationTemplate(tok, [tok.eos_token_id], chat=False).frame("tool") == ("\n", "\n")
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory) -> Path:
+    """A reward model with the actor's tokenizer (built apart from it: equal files)."""
+    return build_tiny_reward_model(tmp_path_factory.mktemp("folders") / "rm", seed=4)
+
+
+def _swapped(model: Path, where: Path) -> Path:
+    """``model`` whose tokenizer gives 'a' and 'b' each other's ids."""
+    folder = _copy(model, where)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def _fewer_rows(model: Path, where: Path, rows: int) -> Path:
+    folder = _copy(model, where)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"vocab_size": rows}))
+    return folder
+
+
+def test_a_reward_model_or_critic_of_another_tokenizer_is_one_line(actor, reward_model, tmp_path):
+    base = [f"models.actor={actor}", "reward.kind=model"]
+    ok = CliRunner().invoke(main, ["train", "--check", f"--set=run.out_dir={tmp_path / 'run'}",
+                                   *(f"--set={s}" for s in (*base, f"models.reward={reward_model}"))])
+    assert ok.exit_code == 0 and "check ok:" in ok.output, ok.output[-3000:]
+    swapped = _swapped(reward_model, tmp_path / "rm-swapped")
+    line = _one_line(_check(tmp_path, *base, f"models.reward={swapped}"))
+    assert line.startswith("error: models.reward: its tokenizer is not the actor's (2 of the actor's 256 tokens "
+                           "have another id there, e.g. 'a' is 100 in the actor's, 101 there); "), line
+    assert line.endswith("or reward.kind=rule with reward functions, which read the decoded text"), line
+    line = _one_line(_check(tmp_path, *base, f"models.reward={_fewer_rows(reward_model, tmp_path / 'rm-100', 100)}"))
+    assert line.startswith("error: models.reward: its embedding has 100 rows, fewer than the actor's 259 token ids"), line
+    critic = _swapped(actor, tmp_path / "critic-swapped")
+    line = _one_line(_check(tmp_path, *base, f"models.reward={reward_model}", f"models.critic={critic}"))
+    assert line.startswith("error: models.critic: its tokenizer is not the actor's"), line
+    assert line.endswith("or leave models.critic unset (the actor's own backbone)"), line
