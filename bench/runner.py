@@ -76,6 +76,29 @@ class _Sessions:
             self.built[key] = (session, session.trainer.state_dict(), session.state.kl_ctl.state_dict())
         return self.built[key]
 
+    def start(self, mode: str):
+        """The session of ``mode``'s engines back at step 0 under ``mode``'s config, as a new
+        run on the same models and engines: the initial trainer and KL states loaded, the
+        data source at the stream's start with nothing deferred, the weights pushed as the
+        next version, the reward engine's radix cache flushed, and the rollout phase built
+        afresh for the mode exactly as ``colocate train`` builds it."""
+        session, initial, kl_state = self.get(mode)
+        cfg = _mode_cfg(self.cfg, mode)
+        if session.rollouts is not None:
+            session.rollouts.close()
+            session.rollouts = None
+        session.cfg = cfg
+        session.trainer.load_state_dict(initial)
+        session.state.kl_ctl.load_state_dict(kl_state)
+        session.state.step, session.state.phase, session.state.snapshot = 0, "idle", None
+        session.data.load_state_dict(0, {"data_pos": 0, "next_index": 0, "dropped_total": 0, "deferred": []})
+        session.sync_weights()
+        if session.reward_engine is not None:
+            session.reward_engine.flush_cache()
+        if session.run.rollouts_for is not None:
+            session.rollouts = session.run.rollouts_for(cfg)
+        return session
+
     def close(self) -> None:
         for session, _, _ in self.built.values():
             session.close()
@@ -144,8 +167,7 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
                     progress(f"  repeat {rep + 1}/{repeats} {mode:<10} left out: the budget is spent")
                     continue
                 t0, started = time.monotonic(), started + 1
-                session, initial, kl_state = sessions.get(mode)
-                session.restart(_mode_cfg(cfg, mode), initial, kl_state)
+                session = sessions.start(mode)
                 records += _measure(session, mode, rep, steps, guard,
                                     lambda line: progress(f"  repeat {rep + 1}/{repeats} {line}"), journal, deadline)
                 last_s = time.monotonic() - t0

@@ -87,11 +87,6 @@ class DataSource:
         """The held-out prompts, one sample each (index = position), each with the whole budget."""
         return prompt_samples(self.eval_prompts, max_new_tokens)
 
-    def restart(self) -> None:
-        """Back to the stream's start with nothing deferred (a new run on the same prompts)."""
-        self.base = self.drawn = self.next_index = self.dropped_total = 0
-        self.deferred = []
-
     def state_dict(self) -> dict[str, Any]:
         """This rank's part (the stream's base is the run's: :func:`redistribute`)."""
         return {"data_pos": self.drawn, "next_index": self.next_index, "dropped_total": self.dropped_total,

@@ -204,7 +204,8 @@ def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[R
     batch; with ``overlap.feeder=process`` the feeder's process starts its own reward
     engine from ``reward_cfg``; with ``env`` multi-turn trajectories (``rollout.max_turns``,
     ``turn_tokens``, ``env_timeout_s``; ``reward.on_error`` for its failures).
-    ``colocate train`` and the bench (``Session.restart``) build it here."""
+    ``colocate train`` and the bench (``bench.runner``: a fresh phase per mode, through
+    ``RunContext.rollouts_for``) build it here."""
     decode = functools.partial(decode_text, tokenizer)
     turns = None
     if env is not None:

@@ -362,25 +362,6 @@ class Session:
         self.engines.sharing.wake_and_sync(lambda: self.gather_weights(first=True),
                                            lambda full: self.push_weights(full, next_version=False))
 
-    def restart(self, cfg: Config, trainer_state: dict[str, Any], kl_state: dict[str, Any]) -> None:
-        """Back to step 0 under ``cfg`` on the same models and engines (the bench runs its
-        modes side by side this way): ``trainer_state`` and ``kl_state`` loaded, the weights
-        pushed as the next version, the reward engine's radix cache flushed, the rollout
-        phase built afresh for ``cfg``'s mode exactly as ``colocate train`` builds it."""
-        if self.rollouts is not None:
-            self.rollouts.close()
-            self.rollouts = None
-        self.cfg = cfg
-        self.trainer.load_state_dict(trainer_state)
-        self.state.kl_ctl.load_state_dict(kl_state)
-        self.state.step, self.state.phase, self.state.snapshot = 0, "idle", None
-        self.data.restart()
-        self.sync_weights()
-        if self.reward_engine is not None:
-            self.reward_engine.flush_cache()
-        if self.run.rollouts_for is not None:
-            self.rollouts = self.run.rollouts_for(cfg)
-
     def close(self) -> None:
         """End the run's rollout phase and hand the engines back (shut down, or kept by
         the pool they came from)."""
