@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -64,6 +65,23 @@ def check(cfg: Config, resume: str | Path | None = None) -> None:
     if (out / LOCK).is_file():
         os.close(_hold(out / LOCK, os.O_RDONLY))  # free now: let go at once
     _refuse_records(cfg, resume)
+    _check_writable(out)
+
+
+def _check_writable(out: Path) -> None:
+    """A folder can be made where ``out`` is, or in it: one made and removed in its nearest
+    existing folder (permissions alone do not say: root may write anywhere, and /proc or a
+    read-only mount still refuses)."""
+    near = out
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".colocate-check-", dir=near))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if near != out:
+            why += f" (making it in '{near}')"
+        raise ConfigError(f"run.out_dir '{out}' cannot be written: {why}") from None
 
 
 def claim(cfg: Config, resume: str | Path | None = None,

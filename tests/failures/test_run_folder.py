@@ -121,3 +121,21 @@ def test_a_folder_held_by_a_run_refuses_another_process_and_is_free_once_it_dies
         assert str(again.value) == _busy_line(out, os.getpid()).replace(")", ", this one)", 1)
     finally:
         folder.release()
+
+
+@pytest.mark.parametrize("where, why", [
+    ("/proc/colocate-run", "No such file or directory (making it in '/proc')"),
+    ("{tmp}/a-file/run", "Not a directory (making it in '{tmp}/a-file')"),
+])
+def test_check_refuses_a_folder_that_cannot_be_made_as_the_run_would(models, tmp_path, where, why):
+    """`colocate train --check` said "check ok" for these, and the run then refused them."""
+    (tmp_path / "a-file").write_text("not a folder")
+    out = where.format(tmp=tmp_path)
+    result = CliRunner().invoke(main, ["train", "--check", "--set", f"models.actor={models[0]}", "--set",
+                                       f"models.reward={models[1]}", "--set", f"run.out_dir={out}"])
+    assert result.exit_code == 2, result.output[-3000:]
+    assert result.output.strip() == f"error: run.out_dir '{out}' cannot be written: {why.format(tmp=tmp_path)}"
+    fine = tmp_path / "new" / "run"  # made by the run, not by the check
+    result = CliRunner().invoke(main, ["train", "--check", "--set", f"models.actor={models[0]}", "--set",
+                                       f"models.reward={models[1]}", "--set", f"run.out_dir={fine}"])
+    assert result.exit_code == 0 and not fine.parent.exists() and not list(tmp_path.glob(".colocate-check-*"))
