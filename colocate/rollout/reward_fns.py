@@ -179,9 +179,12 @@ class Guarded:
         if self.timeout_s <= 0:
             return await value
         task = asyncio.ensure_future(value)
-        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        finally:  # past the deadline, or the step itself cancelled (an engine died): the call ends too
+            if not task.done():
+                task.cancel()
         if not done:
-            task.cancel()
             await asyncio.wait({task}, timeout=1.0)  # its cancellation runs (bounded: it may swallow it)
             raise _Late
         return task.result()

@@ -163,3 +163,24 @@ def test_a_sync_call_past_the_deadline_is_said_once_and_its_value_kept():
     assert asyncio.run(guarded(lambda r, t: 1, "raise", RewardFnErrors(), 0.3, said.append)({}, "x")) == 1.0
     time.sleep(1.2)
     assert len(said) == 1  # a quick call is never reported, nor the slow one twice
+
+
+def test_a_cancelled_step_ends_the_call_it_waits_for():
+    """The step's own cancellation (an engine died: run_guarded cancels it) reaches the call."""
+    ended = []
+
+    async def slow(record, text):
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ended.append("its finally ran")
+
+    async def main():
+        step = asyncio.ensure_future(guarded(slow, "raise", RewardFnErrors(), 20.0)({}, "x"))
+        await asyncio.sleep(0.05)
+        step.cancel()
+        await asyncio.wait({step}, timeout=5)
+        await asyncio.sleep(0)
+        return step.cancelled(), [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == (True, []) and ended == ["its finally ran"]
