@@ -69,9 +69,12 @@ def check_reads_actor_ids(actor_tokenizer, actor_path: str, model_path: str, fie
         other = load_tokenizer(model_path, field, trusted)
     except ConfigError:
         return  # unreadable: nothing runs it (the engine reads token ids only)
-    added = set(actor_tokenizer.added_tokens_decoder) | set(other.added_tokens_decoder)
-    theirs = other.get_vocab()
-    ours = [(token, i) for token, i in actor_tokenizer.get_vocab().items() if i not in added]
+    try:
+        added = {*getattr(actor_tokenizer, "added_tokens_decoder", {}), *getattr(other, "added_tokens_decoder", {})}
+        theirs, vocab = other.get_vocab(), actor_tokenizer.get_vocab()
+    except NotImplementedError:  # a tokenizer (remote code) that does not list its vocabulary
+        return
+    ours = [(token, i) for token, i in vocab.items() if i not in added]
     differ = [(token, i) for token, i in ours if theirs.get(token) != i]
     if differ:
         token, i = min(differ, key=lambda x: x[1])

@@ -162,7 +162,8 @@ def test_a_reward_model_or_critic_of_another_tokenizer_is_one_line(actor, reward
                            "have another id there, e.g. 'a' is 100 in the actor's, 101 there); "), line
     assert line.endswith("or reward.kind=rule with reward functions, which read the decoded text"), line
     line = _one_line(_check(tmp_path, *base, f"models.reward={_fewer_rows(reward_model, tmp_path / 'rm-100', 100)}"))
-    assert line.startswith("error: models.reward: its embedding has 100 rows, fewer than the actor's 259 token ids"), line
+    assert line.startswith("error: models.reward: its embedding has 100 rows, fewer than the actor's 259 "
+                           "token ids"), line
     critic = _swapped(actor, tmp_path / "critic-swapped")
     line = _one_line(_check(tmp_path, *base, f"models.reward={reward_model}", f"models.critic={critic}"))
     assert line.startswith("error: models.critic: its tokenizer is not the actor's"), line
