@@ -176,18 +176,20 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env, claim=True)
     stop = StopRequest()
     progress = None
-    try:
-        if session.is_main:
-            _write_run_files(session)
-        progress = None if quiet or not session.is_main else Progress(cfg.run.steps, session.state.step)
-        if progress is not None:
-            session.watch_phases(progress.phase)
-        with _signals_stop(stop):
+    # over the run's end too: a SIGTERM then (torchrun's, once another rank has failed) waits
+    # until the engines are shut down and this rank's own error is raised for its line
+    with _signals_stop(stop):
+        try:
+            if session.is_main:
+                _write_run_files(session)
+            progress = None if quiet or not session.is_main else Progress(cfg.run.steps, session.state.step)
+            if progress is not None:
+                session.watch_phases(progress.phase)
             history = loop.train(session, callbacks, progress, stop)
-    finally:
-        if progress is not None:
-            progress.close()
-        session.close()
+        finally:
+            if progress is not None:
+                progress.close()
+            session.close()
     all_steps = read(session.run.out_dir / "metrics.jsonl") if session.is_main else history
     return Summary(session.run.out_dir, session.state.step, all_steps or history, time.perf_counter() - started,
                    stop.reason, read(session.run.out_dir / "eval.jsonl") if session.is_main else [], session.is_main)
