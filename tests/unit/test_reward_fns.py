@@ -119,14 +119,20 @@ def test_an_async_call_past_the_deadline_is_cancelled_and_fails_in_one_line():
     assert errors.take() == 1 and "did not return within" in errors.last
 
 
-def test_the_deadline_ends_the_call_itself():
-    ended = []
-
+def _sleeps(ended: list):
+    """An async function that sleeps 30 s and notes in ``ended`` that its ``finally`` ran."""
     async def slow(record, text):
         try:
             await asyncio.sleep(30)
         finally:
             ended.append("its finally ran")
+
+    return slow
+
+
+def test_the_deadline_ends_the_call_itself():
+    ended = []
+    slow = _sleeps(ended)
 
     async def main():
         with pytest.raises(RewardFnError):
@@ -168,12 +174,7 @@ def test_a_sync_call_past_the_deadline_is_said_once_and_its_value_kept():
 def test_a_cancelled_step_ends_the_call_it_waits_for():
     """The step's own cancellation (an engine died: run_guarded cancels it) reaches the call."""
     ended = []
-
-    async def slow(record, text):
-        try:
-            await asyncio.sleep(30)
-        finally:
-            ended.append("its finally ran")
+    slow = _sleeps(ended)
 
     async def main():
         step = asyncio.ensure_future(guarded(slow, "raise", RewardFnErrors(), 20.0)({}, "x"))
