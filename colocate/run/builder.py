@@ -285,14 +285,9 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)  # whole groups per engine rank
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = load_tokenizer(actor_path, "models.actor", trusted)
-    if reward_path is not None:
-        check_reads_actor_ids(tokenizer, actor_path, reward_path, "models.reward", trusted,
-                              "use a reward model with the actor's tokenizer (one of its model family), or "
-                              "reward.kind=rule with reward functions, which read the decoded text")
-    if cfg.models.critic:
-        check_reads_actor_ids(tokenizer, actor_path, critic_path, "models.critic", trusted,
-                              "use a critic backbone with the actor's tokenizer, or leave models.critic unset "
-                              "(the actor's own backbone)")
+    for path, field in ((reward_path, "models.reward"), (critic_path if cfg.models.critic else None, "models.critic")):
+        if path is not None:  # they are handed the actor's token ids as they are
+            check_reads_actor_ids(tokenizer, actor_path, path, field, trusted)
     if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
         frame = ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template)
         frame.check(env.role)  # refused before any engine starts

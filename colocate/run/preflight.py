@@ -49,16 +49,26 @@ def load_tokenizer(model_path: str, field: str, trusted: bool = False):
                           "folder saved with its tokenizer (tokenizer.json, tokenizer_config.json)") from None
 
 
-def check_reads_actor_ids(actor_tokenizer, actor_path: str, model_path: str, field: str, trusted: bool = False,
-                          fix: str = "") -> None:
+# each model that reads the actor's token ids: the way out its refusal names
+READS_ACTOR_IDS = {
+    "models.reward": "use a reward model with the actor's tokenizer (one of its model family), or reward.kind=rule "
+                     "with reward functions, which read the decoded text",
+    "models.critic": "use a critic backbone with the actor's tokenizer, or leave models.critic unset (the actor's "
+                     "own backbone)",
+}
+
+
+def check_reads_actor_ids(actor_tokenizer, actor_path: str, model_path: str, field: str,
+                          trusted: bool = False) -> None:
     """The model at ``model_path`` (``field``: the reward model, or a critic backbone of its
     own) is handed the actor's token ids as they are: its embedding must have a row for
     every id the actor can sample, and its tokenizer (where its folder has one) must give
     the actor's tokens the actor's ids, else it would score or value other text than the
     actor wrote, with no error anywhere. Tokens either tokenizer adds (special and added
-    ones) may differ; ``fix``: the field's own way out, appended to the line."""
+    ones) may differ; the line ends with the field's way out (:data:`READS_ACTOR_IDS`)."""
     if Path(model_path).expanduser().resolve() == Path(actor_path).expanduser().resolve():
         return
+    fix = READS_ACTOR_IDS[field]
     rows, actor_rows = _vocab_size(model_path), _vocab_size(actor_path)
     if rows is not None and actor_rows is not None and rows < actor_rows:
         raise ConfigError(f"{field}: its embedding has {rows} rows, fewer than the actor's {actor_rows} token ids "
