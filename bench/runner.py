@@ -73,7 +73,9 @@ class _Sessions:
                 self.close()
                 self.built, self.rebuilds = {}, self.rebuilds + 1
             session = builder.build(_mode_cfg(self.cfg, mode), reward_fns=self.reward_fns, log=lambda m: None)
-            self.built[key] = (session, session.trainer.state_dict(), session.state.kl_ctl.state_dict())
+            # the states a new run starts from: the trainer's, the KL controller's, the data source's
+            self.built[key] = (session, session.trainer.state_dict(), session.state.kl_ctl.state_dict(),
+                               session.data.state_dict())
         return self.built[key]
 
     def start(self, mode: str):
@@ -82,7 +84,7 @@ class _Sessions:
         data source at the stream's start with nothing deferred, the weights pushed as the
         next version, the reward engine's radix cache flushed, and the rollout phase built
         afresh for the mode exactly as ``colocate train`` builds it."""
-        session, initial, kl_state = self.get(mode)
+        session, initial, kl_state, data_state = self.get(mode)
         cfg = _mode_cfg(self.cfg, mode)
         if session.rollouts is not None:
             session.rollouts.close()
@@ -91,7 +93,7 @@ class _Sessions:
         session.trainer.load_state_dict(initial)
         session.state.kl_ctl.load_state_dict(kl_state)
         session.state.step, session.state.phase, session.state.snapshot = 0, "idle", None
-        session.data.load_state_dict(0, {"data_pos": 0, "next_index": 0, "dropped_total": 0, "deferred": []})
+        session.data.load_state_dict(0, data_state)  # the stream's start, nothing deferred
         session.sync_weights()
         if session.reward_engine is not None:
             session.reward_engine.flush_cache()
@@ -100,7 +102,7 @@ class _Sessions:
         return session
 
     def close(self) -> None:
-        for session, _, _ in self.built.values():
+        for session, *_ in self.built.values():
             session.close()
 
 
@@ -158,7 +160,7 @@ def run_workload(cfg: Config, modes: Sequence[str], repeats: int, steps: int,
     left_out: list[dict[str, Any]] = []
     last_s, started = 0.0, 0
     try:
-        first, _, _ = sessions.get("sequential")
+        first, *_ = sessions.get("sequential")
         probe = limit_probe(first) if limit_probe is not None else {}
         for rep in range(repeats):
             for mode in grouped_order(modes, rep, sessions.key):
