@@ -101,22 +101,22 @@ def number(value: Any) -> float | str:
 
 
 class Overdue:
-    """Says once, through ``say``, that the synchronous call running now has passed
-    ``after_s`` (it cannot be cut off on the thread it runs on). A call costs two attribute
-    writes; a daemon thread looks once a second while calls come, and ends after a quiet
-    minute (the next call starts it again)."""
+    """Says once, through ``say``, that the synchronous call of ``name`` running now has
+    passed ``after_s`` (it cannot be cut off on the thread it runs on). A call costs two
+    attribute writes (the line is only made when said); a daemon thread looks once a second
+    while calls come, and ends after a quiet minute (the next call starts it again)."""
 
     QUIET_S = 60.0
 
-    def __init__(self, after_s: float, say: Callable[[str], None]):
-        self.after_s, self.say = after_s, say
-        self._running: tuple[float, str] | None = None  # (started, what) of the call running now
+    def __init__(self, name: str, after_s: float, say: Callable[[str], None]):
+        self.name, self.after_s, self.say = name, after_s, say
+        self._running: tuple[float, int | None] | None = None  # (started, sample) of the call running now
         self._last = time.monotonic()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def begin(self, what: str) -> None:
-        self._running = (time.monotonic(), what)
+    def begin(self, sample: int | None) -> None:
+        self._running = (time.monotonic(), sample)
         if self._thread is None or not self._thread.is_alive():
             with self._lock:
                 if self._thread is None or not self._thread.is_alive():
@@ -135,10 +135,10 @@ class Overdue:
                 if time.monotonic() - self._last > self.QUIET_S:
                     return
                 continue
-            started, what = running
+            started, sample = running
             if running is not said and time.monotonic() - started > self.after_s:
                 said = running
-                self.say(f"{what} has run {time.monotonic() - started:.0f} s (reward.fn_timeout_s "
+                self.say(f"reward function {self.name}{_on(sample)} has run {time.monotonic() - started:.0f} s (reward.fn_timeout_s "
                          f"{self.after_s:g}); a plain def function cannot be cut off, the step waits for it "
                          "(make it async def, awaiting its slow call, to have the deadline end it)")
 
@@ -153,13 +153,13 @@ class Guarded:
         self.fn, self.on_error, self.errors, self.timeout_s = fn, on_error, errors, timeout_s
         self.asks = wants_messages(fn)
         self.__qualname__ = fn_name(fn)
-        self.overdue = Overdue(timeout_s, say) if timeout_s > 0 and say is not None else None
+        self.overdue = Overdue(self.__qualname__, timeout_s, say) if timeout_s > 0 and say is not None else None
 
     async def __call__(self, record: dict[str, Any], text: str, messages: Callable[[], Messages] | None = None,
                        sample: int | None = None) -> float:
         try:
             if self.overdue is not None:
-                self.overdue.begin(f"reward function {self.__qualname__}" + _on(sample))
+                self.overdue.begin(sample)
             try:
                 value = start(self.fn, record, text, messages, self.asks)
             finally:
