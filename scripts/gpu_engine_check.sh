@@ -71,7 +71,9 @@ ENG=(--set engines.log_level=warning)
 [ "$DEVICE" = cuda ] && ENG+=(--set engines.sglang.sampling_backend=pytorch --set engines.sglang.bf16_gemm_backend=torch)
 [ "$DEVICE" = cuda ] && [ "${GRAPHS:-1}" = 0 ] && ENG+=(--set engines.cuda_graph=false)
 (while sleep 15; do pack; done) & PACKER=$!
-timeout $(( $(left) > 10 ? $(left) : 10 )) python3 -m colocate.bench.loop_check --device "$DEVICE" --shape "$SHAPE" \
+# at least 60 s: on a spent budget the loop check still imports SGLang and builds its models
+# before it skips every part (9 s on a quiet CPU; a 10 s floor cut it off in CI, rc 124)
+timeout $(( $(left) > 60 ? $(left) : 60 )) python3 -m colocate.bench.loop_check --device "$DEVICE" --shape "$SHAPE" \
   --steps "$STEPS" --out "$W/loop" --work "$W/models" --deadline-s $(( $(left) - 20 )) \
   ${PARTS:+--parts "$PARTS"} ${PART_STEPS:+--part-steps "$PART_STEPS"} "${ENG[@]}"
 echo "loop check rc $?"
