@@ -42,17 +42,26 @@ def pytest_terminal_summary(terminalreporter, config):
     pool = config.stash.get(POOL, None)
     if pool is not None:
         terminalreporter.write_line(f"engine pool: {pool.started} engines started ({pool.again} of them for a config "
-                                    f"an earlier run had started), {pool.reused} handed over to a later run")
+                                    f"an earlier run had started), {pool.reused} handed over to a later run, "
+                                    f"{pool.evicted} shut down to keep at most {pool.max_idle} idle")
 
 
 class _SuitePool(EnginePool):
     """The session's pool, also counting the starts of a config an earlier run had started
-    (its engine shut down meanwhile: more than ``max_idle`` were kept, or it could not be)."""
+    (its engine shut down meanwhile: more than ``max_idle`` were kept, or it could not be)
+    and the engines shut down only to keep at most ``max_idle`` idle."""
 
     def __init__(self, max_idle: int) -> None:
         super().__init__(max_idle)
         self.configs: set[str] = set()
         self.again = 0
+        self.evicted = 0
+
+    def give_back(self, eng) -> None:
+        before, was_idle = self.idle(), eng in self.kept()
+        super().give_back(eng)
+        if not was_idle and eng in self.kept():  # kept: the oldest idle ones may have made room
+            self.evicted += before + 1 - self.idle()
 
     def take(self, cfg, *, field: str = "model_path"):
         eng, reused = super().take(cfg, field=field)
@@ -153,7 +162,7 @@ def tiny_pair(tmp_path_factory, tiny_actor_path, tiny_rm_path):
 def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
     engine settings an earlier run used takes its engines instead of starting its own."""
-    with _SuitePool(max_idle=4) as pool:
+    with _SuitePool(max_idle=6) as pool:
         request.config.stash[POOL] = pool
         yield pool
 
