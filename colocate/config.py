@@ -116,7 +116,7 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EnginesConfig:
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     actor_max_total_tokens: int = 65536
     reward_max_total_tokens: int = 65536
     mem_fraction_static: float = 0.3

@@ -38,6 +38,10 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
         (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
+        (0 < cfg.rollout.top_p <= 1, f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (1: no nucleus cut)"),
+        (0 < cfg.engines.mem_fraction_static < 1,
+         f"engines.mem_fraction_static: {cfg.engines.mem_fraction_static} must be in (0, 1) (the share of GPU "
+         "memory the engines take for weights and KV pool)"),
         (cfg.rollout.max_turns >= 1, "rollout.max_turns must be >= 1"),
         (cfg.rollout.turn_tokens >= 0, "rollout.turn_tokens must be >= 0 (0: no per-turn cap)"),
         (cfg.rollout.env_timeout_s > 0, "rollout.env_timeout_s must be > 0"),
@@ -67,7 +71,7 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
         (cfg.overlap.window >= 2, f"overlap.window: {cfg.overlap.window} must be >= 2 (a slope needs two points)"),
         (cfg.overlap.drop_staleness >= 0, f"overlap.drop_staleness: {cfg.overlap.drop_staleness} must be >= 0"),
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
-        (cfg.rollout.batch_size % cfg.rollout.group_size == 0,
+        (cfg.rollout.group_size >= 1 and cfg.rollout.batch_size % cfg.rollout.group_size == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be a multiple of rollout.group_size "
          f"{cfg.rollout.group_size} (it counts trained samples: batch_size / group_size groups)"),
         (cfg.ppo.advantage not in ("grpo", "rloo") or cfg.rollout.group_size > 1,

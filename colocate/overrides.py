@@ -2,7 +2,7 @@
 
 Owns: parsing ``section.field=value`` pairs into a nested mapping (``parse_overrides``),
 applying a mapping to the tree (``apply_updates``): each value coerced to its field's
-annotation (bool/int/float/str, ``X | None``, ``Literal``), mapping fields merged, an
+annotation (bool/int/float/str, ``X | None``, ``Literal``; numbers finite), mapping fields merged, an
 unknown key refused with the close match suggested — every failure one
 :class:`~colocate.errors.ConfigError` line. Leaves out: which fields exist and what values
 are valid together (``colocate.config``).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -61,6 +62,8 @@ def _coerce_scalar(value: Any, annotation: Any, key: str) -> Any:
             num = None
         if num is None or (annotation is int and isinstance(value, float) and value != int(value)):
             raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")
+        if not math.isfinite(num):  # no field means anything by NaN or ±inf (a NaN learning rate trains NaN)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return num
     if annotation is str:
         if isinstance(value, (dict, list)):

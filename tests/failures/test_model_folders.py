@@ -88,6 +88,14 @@ def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case
         assert line.startswith(head), line
 
 
+def test_a_critic_folder_without_a_model_is_one_line_before_any_engine(tmp_path):
+    """The critic backbone is loaded by the trainer, after the engines started (~30 s on CPU):
+    its folder is checked with the others (before: a line naming no field, after the start)."""
+    (tmp_path / "critic").mkdir()
+    line = _one_line(_check(tmp_path, f"models.critic={tmp_path / 'critic'}"))
+    assert line.startswith(f"error: models.critic: no model at '{tmp_path / 'critic'}' (no config.json there)"), line
+
+
 def test_generate_names_its_model_argument_for_an_empty_folder(tmp_path):
     (tmp_path / "nothing").mkdir()
     result = CliRunner().invoke(main, ["generate", str(tmp_path / "nothing"), "--prompt=hi"])

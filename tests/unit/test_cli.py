@@ -30,7 +30,15 @@ def test_train_print_config_applies_overrides():
     (["--set", "ppo.kl_coef=-1"], "ppo.kl_coef must be > 0"),
     (["--set", "ppo.kl_horizon=0"], "ppo.kl_horizon must be > 0"),
     (["--set", "reward.fn_timeout_s=-1"], "reward.fn_timeout_s must be >= 0 and finite (0: no deadline)"),
-    (["--set", "reward.fn_timeout_s=inf"], "reward.fn_timeout_s must be >= 0 and finite"),
+    (["--set", "reward.fn_timeout_s=inf"], "reward.fn_timeout_s: expected a finite number, got 'inf'"),
+    # found by hand (2026-11-29): each of these passed the checks or was a traceback
+    (["--set", "ppo.actor_lr=nan"], "ppo.actor_lr: expected a finite number, got 'nan'"),  # trained NaN weights
+    (["--set", "reward.scale=-inf"], "reward.scale: expected a finite number"),
+    (["--set", "rollout.group_size=0"], "rollout.group_size must be >= 1"),  # ZeroDivisionError
+    (["--set", "engines.device=tpu"], "engines.device: 'tpu' is not one of ['auto', 'cpu', 'cuda']"),  # torch's
+    (["--set", "rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
+    (["--set", "rollout.top_p=1.5"], "rollout.top_p: 1.5 must be in (0, 1]"),
+    (["--set", "engines.mem_fraction_static=1"], "engines.mem_fraction_static: 1.0 must be in (0, 1)"),
     (["--set", "overlap.mode=oppo", "--set", "reward.kind=rule", "--set", "reward.rule=vader"],
      "with reward.kind=rule use overlap.mode=inter"),
 ])
