@@ -33,6 +33,8 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
         (cfg.rollout.batch_size % cfg.ppo.minibatches == 0,
          f"rollout.batch_size {cfg.rollout.batch_size} must be divisible by ppo.minibatches {cfg.ppo.minibatches}"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (0 <= cfg.run.seed < 2**32 and 0 <= cfg.data.seed < 2**32,
+         "run.seed and data.seed must be in [0, 2**32) (the range SGLang's and numpy's seeds take)"),
         (cfg.run.dist_timeout_minutes > 0, "run.dist_timeout_minutes must be > 0"),
         (cfg.run.log_samples >= -1, "run.log_samples must be >= -1 (-1: every sample, 0: none)"),
         (cfg.run.eval_every >= 0 and cfg.data.eval_prompts >= 0,

@@ -42,6 +42,7 @@ FIELD_FIXES = {
     "feeder_slow": "{message} (raise overlap.feeder_timeout_s if scoring is this slow)",
     "remote_code": "{message}; set models.trust_remote_code=true if you trust it",
     "server_arg": "engines.sglang.{message}",
+    "attention_backend": "engines.attention_backend: {message}; leave it unset for the machine's default",
 }
 
 

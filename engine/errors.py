@@ -18,6 +18,7 @@ FIXES = {
     "feeder_slow": "the reward feeder's timeout, if scoring is this slow",
     "remote_code": "trusting the model folder's own code",
     "server_arg": "an SGLang argument the engine was given (the message starts with its name)",
+    "attention_backend": "the engines' attention backend",
 }
 
 

@@ -282,6 +282,15 @@ def _quiet_logger(name: str):
 
 
 @lru_cache(maxsize=1)
+def attention_backends() -> tuple[str, ...]:
+    """The attention backends SGLang's ``ServerArgs`` accepts (after :func:`prepare`; its
+    argument groups pull most of SGLang in: ~7 s here)."""
+    prepare()
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
+
+    return tuple(ATTENTION_BACKEND_CHOICES)
+
+
 def server_arg_types() -> dict[str, Any]:
     """SGLang's ``ServerArgs`` fields (what ``sglang.Engine(**kwargs)`` takes): name ->
     annotation, ``Annotated`` metadata stripped (after :func:`prepare`)."""

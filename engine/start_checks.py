@@ -100,7 +100,7 @@ LOAD_LIMITS: dict[str, tuple[tuple[Callable[[Any], bool], str], ...]] = {
 def check_startable(cfg, field: str) -> str:
     """Every check of an engine before its processes start (``cfg`` an ``EngineConfig``;
     ``field`` the config key its model comes from): the model folder, SGLang's own
-    arguments, whether SGLang can load the model. Returns the folder's architecture.
+    arguments and attention backend, whether SGLang can load the model. Returns the folder's architecture.
 
     SGLang is imported only where needed (its model config pulls most of SGLang in: ~8 s
     of a ``colocate train --check`` here): for SGLang arguments, and for an architecture
@@ -110,6 +110,9 @@ def check_startable(cfg, field: str) -> str:
     version = sglang_api.prepare(cfg.device).sglang_version
     if cfg.server_args:
         check_server_args(cfg, sglang_api.server_arg_types(), version, ENGINE_SET_ARGS)
+    if cfg.attention_backend and cfg.attention_backend not in (known := sglang_api.attention_backends()):
+        raise EngineConfigError(f"{cfg.attention_backend!r} is not an attention backend of SGLang {version}; "
+                                f"one of {', '.join(known)}", fix="attention_backend")
     if arch not in sglang_api.REGISTERED_ARCHITECTURES:
         check_loadable(cfg, field, version)
     return arch

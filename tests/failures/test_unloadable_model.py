@@ -67,6 +67,20 @@ def test_a_gemma2_actor_is_refused_in_one_line_before_any_engine(gemma2, tmp_pat
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_an_attention_backend_sglang_lacks_is_one_line_before_any_engine(tmp_path):
+    """Before (found 2026-11-29): the actor engine's start failed ~10 s in, naming no field."""
+    actor = build_tiny_causal_lm(tmp_path / "actor", seed=5)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = CliRunner().invoke(main, ["train", f"--set=models.actor={actor}", "--set=reward.kind=rule",
+                                       "--set=reward.rule=vader", "--set=engines.device=cpu",
+                                       f"--set=run.out_dir={tmp_path / 'run'}", "--set=engines.attention_backend=nope"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith("error: engines.attention_backend: 'nope' is not an attention backend of SGLang "
+                                    "0.5.23; one of triton, torch_native, "), result.stderr
+    assert result.stderr.endswith("; leave it unset for the machine's default\n"), result.stderr
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
 @pytest.mark.slow
 def test_a_model_the_scheduler_cannot_load_is_one_line_and_the_process_lives(tmp_path):
     """The folder passes every check (its config is a Llama's); SGLang's scheduler fails

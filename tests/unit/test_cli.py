@@ -36,6 +36,7 @@ def test_train_print_config_applies_overrides():
     (["--set", "reward.scale=-inf"], "reward.scale: expected a finite number"),
     (["--set", "rollout.group_size=0"], "rollout.group_size must be >= 1"),  # ZeroDivisionError
     (["--set", "engines.device=tpu"], "engines.device: 'tpu' is not one of ['auto', 'cpu', 'cuda']"),  # torch's
+    (["--set", "run.seed=-1"], "run.seed and data.seed must be in [0, 2**32)"),  # SGLang's ValueError at start
     (["--set", "rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
     (["--set", "rollout.top_p=1.5"], "rollout.top_p: 1.5 must be in (0, 1]"),
     (["--set", "engines.mem_fraction_static=1"], "engines.mem_fraction_static: 1.0 must be in (0, 1)"),
