@@ -204,6 +204,8 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
     bad = [m for m in mode_list if not valid_mode(m)] + [w for w in wl if w not in WORKLOADS]
+    if not mode_list:  # before: a ZeroDivisionError from the runner's order of modes
+        raise ColocateError(f"--modes: empty; give a comma list of {list(MODES)} or auto")
     if bad:
         raise ColocateError(f"--modes/--workloads: unknown {bad}; modes {list(MODES)} or auto (inter, oppo and auto also as "
                             f"MODE/PAUSE, PAUSE one of {list(PAUSE_MODES)}), workloads {sorted(WORKLOADS)}")

@@ -62,6 +62,11 @@ def test_bench_rejects_unknown_mode():
     assert result.exit_code == 2 and "turbo" in result.output
 
 
+def test_bench_rejects_no_mode():
+    result = CliRunner().invoke(main, ["bench", "--modes", " , "])
+    assert result.exit_code == 2 and result.output.startswith("error: --modes: empty; give a comma list of")
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--variant", "grpo ppo.advantage=grpo"], "add --convergence"),
     (["--convergence", "--variant", "grpo"], "NAME KEY=VALUE"),
