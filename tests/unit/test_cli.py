@@ -62,6 +62,13 @@ def test_bench_rejects_unknown_mode():
     assert result.exit_code == 2 and "turbo" in result.output
 
 
+@pytest.mark.parametrize("option", ["--repeats", "--steps", "--batch", "--max-new-tokens", "--budget-s", "--quiet-wait"])
+def test_bench_refuses_a_negative_count_before_running(option):
+    """Before (2026-11-29): --repeats -1 and --budget-s -5 ran the bench as if unset."""
+    result = CliRunner().invoke(main, ["bench", option, "-1"])
+    assert result.exit_code == 2 and f"Invalid value for '{option}': -1" in result.output, result.output
+
+
 def test_bench_rejects_no_mode():
     result = CliRunner().invoke(main, ["bench", "--modes", " , "])
     assert result.exit_code == 2 and result.output.startswith("error: --modes: empty; give a comma list of")
