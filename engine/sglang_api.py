@@ -291,6 +291,7 @@ def attention_backends() -> tuple[str, ...]:
     return tuple(ATTENTION_BACKEND_CHOICES)
 
 
+@lru_cache(maxsize=1)
 def server_arg_types() -> dict[str, Any]:
     """SGLang's ``ServerArgs`` fields (what ``sglang.Engine(**kwargs)`` takes): name ->
     annotation, ``Annotated`` metadata stripped (after :func:`prepare`)."""
