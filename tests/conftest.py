@@ -162,7 +162,7 @@ def tiny_pair(tmp_path_factory, tiny_actor_path, tiny_rm_path):
 def engine_pool(request):
     """Engines kept across the suite's runs (``colocate.engine.pool``): a run on models and
     engine settings an earlier run used takes its engines instead of starting its own."""
-    with _SuitePool(max_idle=6) as pool:
+    with _SuitePool(max_idle=4) as pool:
         request.config.stash[POOL] = pool
         yield pool
 
