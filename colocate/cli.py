@@ -134,6 +134,10 @@ def _bench_default(module: str, cls: str, field: str):
     return lambda: getattr(getattr(importlib.import_module(f"colocate.bench.{module}"), cls)(), field)
 
 
+_COUNT = click.IntRange(min=0)  # 0: the preset's (a negative count is refused, not read as unset)
+_NON_NEGATIVE = click.FloatRange(min=0)
+
+
 @main.command()
 @click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
 @click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
@@ -141,14 +145,14 @@ def _bench_default(module: str, cls: str, field: str):
               "GRPO and PPO, batch 64, long-tailed budgets up to 1,024 tokens (scripts/gpu_bench.sh).")
 @click.option("--shape", default="", help="Random actor and reward model of this shape instead of the preset's models "
               "(e.g. tiny for a dry run, qwen2.5-0.5b).")
-@click.option("--batch", "batch_size", type=click.IntRange(min=0), default=0, help="Batch size (default: the preset's).")
-@click.option("--max-new-tokens", type=click.IntRange(min=0), default=0, help="Response cap (default: the preset's).")
-@click.option("--budget-s", type=click.FloatRange(min=0), default=0.0, help="Seconds for the whole bench (0: no limit); modes, "
+@click.option("--batch", "batch_size", type=_COUNT, default=0, help="Batch size (default: the preset's).")
+@click.option("--max-new-tokens", type=_COUNT, default=0, help="Response cap (default: the preset's).")
+@click.option("--budget-s", type=_NON_NEGATIVE, default=0.0, help="Seconds for the whole bench (0: no limit); modes, "
               "peers and workloads that no longer fit are left out and named in the report.")
 @click.option("--workloads", default="", help="Comma list of short,longtail,longtail-grpo,pareto,task,reasoning,tools (default: the preset's; tools: multi-turn with the calculator).")
 @click.option("--modes", default="sequential,intra,inter,oppo", show_default=True, help="Comma list of modes.")
-@click.option("--repeats", type=click.IntRange(min=0), default=0, help="Repeats per mode (default: the preset's).")
-@click.option("--steps", type=click.IntRange(min=0), default=0, help="Measured steps per mode and repeat (default: the preset's).")
+@click.option("--repeats", type=_COUNT, default=0, help="Repeats per mode (default: the preset's).")
+@click.option("--steps", type=_COUNT, default=0, help="Measured steps per mode and repeat (default: the preset's).")
 @click.option("--no-peer", is_flag=True, help="Skip the TRL PPO peer.")
 @click.option("--peer-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help="The TRL peers' precision (default: the one colocate's trainer computes in, like for like).")
@@ -156,10 +160,11 @@ def _bench_default(module: str, cls: str, field: str):
 @click.option("--delta", type=int, default=2, show_default=True, help="Extra requests launched per step (Δ).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Config override of every bench run (repeatable), e.g. --set ppo.epochs=1.")
-@click.option("--contended-above", type=click.FloatRange(min=0), default=_bench_default("contention", "GuardOptions", "limit_cores"),
+@click.option("--contended-above", type=_NON_NEGATIVE,
+              default=_bench_default("contention", "GuardOptions", "limit_cores"),
               show_default="0.25", help="Cores other processes may use during a step before it is contended "
               "(left out of the medians).")
-@click.option("--quiet-wait", type=click.FloatRange(min=0), default=_bench_default("contention", "GuardOptions", "quiet_wait_s"),
+@click.option("--quiet-wait", type=_NON_NEGATIVE, default=_bench_default("contention", "GuardOptions", "quiet_wait_s"),
               show_default="10", help="Seconds to wait at most for a quiet machine before each step (0: never).")
 @click.option("--convergence", is_flag=True,
               help="Time to reward instead of throughput: sequential vs oppo (or --modes) on the default task, "

@@ -100,7 +100,8 @@ LOAD_LIMITS: dict[str, tuple[tuple[Callable[[Any], bool], str], ...]] = {
 def check_startable(cfg, field: str) -> str:
     """Every check of an engine before its processes start (``cfg`` an ``EngineConfig``;
     ``field`` the config key its model comes from): the model folder, SGLang's own
-    arguments and attention backend, whether SGLang can load the model. Returns the folder's architecture.
+    arguments and attention backend, whether SGLang can load the model. Returns the
+    folder's architecture.
 
     SGLang is imported only where needed (its model config pulls most of SGLang in: ~8 s
     of a ``colocate train --check`` here): for SGLang arguments, and for an architecture
