@@ -11,7 +11,7 @@ deserializes entry i, and only it, so every entry is a serialization of its own,
 its own CUDA-IPC refcount) (:func:`rank_payloads`).
 
 Leaves out: the engine calls (``engine.runtime``); how the payloads of other training
-ranks are brought here (an ``Exchange`` the caller passes; ``colocate.run.tp_exchange``).
+ranks are brought here (an ``Exchange`` the caller passes; ``colocate.run.weight_sync``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from colocate.assets import tasks
-from colocate.run import leftovers, run_folder, timesharing, tp_exchange
+from colocate.run import leftovers, run_folder, timesharing, weight_sync
 from colocate.config import Config
 from colocate.rollout.schedule import check_pause_mode
 from colocate.engine.pool import EnginePool
@@ -374,7 +374,7 @@ def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, r
         if barrier is not None:
             barrier()  # a TP engine's shards are off the other ranks' GPUs before their trainers load
         # every rank, same order: each TP rank of an engine loads its own training rank's copy of the weights
-        hosted.tp = tp_exchange.make(placement, actor_cfg.dtype, flattened=device == "cuda")
+        hosted.tp = weight_sync.tp_exchange(placement, actor_cfg.dtype, flattened=device == "cuda")
         loading = time.perf_counter()
         trainer = make_trainer(cfg, inputs.actor_path, inputs.critic_path, dist)
         log(loaded("trainer", params({"actor": trainer.actor, "reference": trainer.ref, "critic": trainer.critic}),

@@ -19,7 +19,7 @@ from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
 from colocate.run.placement import Placement
 from colocate.run.timesharing import TimeSharing
-from colocate.run.tp_exchange import TPExchange
+from colocate.run.weight_sync import TPExchange
 
 
 @dataclasses.dataclass

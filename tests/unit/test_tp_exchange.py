@@ -1,7 +1,7 @@
 """A tensor-parallel engine's TP rank i gets training rank i's own copy of every bucket.
 
 Two gloo ranks form one TP group (rank 0 hosts the engine, rank 1 none) and push through
-``Session.push_weights`` → ``colocate.run.weight_sync`` → ``colocate.run.tp_exchange``, each from a
+``Session.push_weights`` → ``colocate.run.weight_sync`` (its ``TPExchange``), each from a
 lazy "gather" that takes a world collective per tensor (as FSDP's all-gathers do) and yields
 tensors whose values name their rank. SGLang's own serializer makes the payloads
 (``engine.weight_payloads``, CPU shared memory here, CUDA-IPC handles on a GPU). The host's
@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from colocate.run import tp_exchange
+from colocate.run import weight_sync
 from colocate.run.engines import RankEngines
 from colocate.run.placement import Placement
 from colocate.run.session import RunContext, RunState, Session
@@ -119,7 +119,7 @@ def _pushes(rank: int, init_method: str, marks: Path):
     from colocate.trainer.distributed import init_distributed
 
     info = init_distributed("cpu", rank=rank, world_size=2, init_method=init_method, timeout_s=120)
-    tp = tp_exchange.make(Placement(rank, 2, rank, 2, tp_size=2), "float32", flattened=True)
+    tp = weight_sync.tp_exchange(Placement(rank, 2, rank, 2, tp_size=2), "float32", flattened=True)
     push = [0]
     tp = dataclasses.replace(tp, serialize=_marking(marks, push))
     out = []
@@ -185,7 +185,7 @@ def test_with_tp_size_1_there_is_no_collective_and_no_exchange(monkeypatch):
 
     for name in ("new_group", "gather_object", "barrier", "all_gather_object", "broadcast_object_list"):
         monkeypatch.setattr(dist, name, refuse)
-    assert tp_exchange.make(Placement(0, 2, 0, 2, tp_size=1), "float32", flattened=True) is None
+    assert weight_sync.tp_exchange(Placement(0, 2, 0, 2, tp_size=1), "float32", flattened=True) is None
     calls = []
 
     class Engine:
