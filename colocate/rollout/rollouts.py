@@ -21,6 +21,12 @@ of the feeder channel refused or lost during the step; the feeder's counts come 
 heartbeats, so they lag it by at most 0.5 s). The step's sampling parameters are its own
 (``rollout.temperature``, ``top_p``, ``ignore_eos`` and the tokenizer's stop ids).
 
+The step's one rollout over the engine ranks: :func:`join` makes the engine ranks'
+:class:`StepRollout` parts (exchanged by the run, ``colocate.run.loop``) one batch, and
+checks every token's weight version against the trainer's (:func:`check_weight_versions`:
+none newer, and all current unless stragglers are carried: a lost sync stops the run in
+one line).
+
 Leaves out: the schedule itself (``colocate.rollout.schedule``),
 scoring (``colocate.rollout.scoring``) and training.
 """
@@ -45,7 +51,8 @@ from colocate.engine import streamed
 from colocate.rollout import schedule
 from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
-from colocate.rollout.sample import Sample
+from colocate.errors import ColocateError
+from colocate.rollout.sample import Sample, group_member, sample_index, union_id
 from colocate.monitor.timeline import Timeline, mark
 from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler
 from colocate.engine.engine_config import EngineConfig
@@ -106,6 +113,75 @@ def staleness_stats(samples: Sequence[Sample], current_version: int) -> dict[str
         "max": float(max(lags)),
         "frac_stale_tokens": sum(1 for lag in lags if lag > 0) / len(lags),
     }
+
+
+class WeightVersionMismatchError(ColocateError):
+    """The actor engine served weights the trainer does not think it holds."""
+
+
+def check_weight_versions(versions: Sequence[Sequence[int]], trainer_version: int, *,
+                          carries_partials: bool) -> None:
+    """Every token's weight version against the trainer's current version.
+
+    A token newer than the trainer is always a mismatch. Without deferral
+    (``carries_partials`` False) every token was sampled this step, so each must equal
+    ``trainer_version``; with deferral, older tokens are the deferred partials, whose
+    staleness the trainer corrects or masks.
+    """
+    for row, vs in enumerate(versions):
+        for v in vs:
+            if v > trainer_version or (not carries_partials and v != trainer_version):
+                raise WeightVersionMismatchError(
+                    f"weight-version mismatch: sample {row} has a token sampled under version {v} "
+                    f"but the trainer is at version {trainer_version}; the engine does not hold the "
+                    "trainer's weights (a lost sync): resume from the last checkpoint with --resume")
+
+
+SAME_ON_EVERY_RANK = ("overlap/delta", "overlap/chunk_size")  # reported from the first engine rank
+PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests",
+            "engine/reward_requests": "reward_requests", "overlap/deferred": "deferred"}
+
+
+def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
+         carries_partials: bool) -> StepRollout:
+    """One step's rollout from each engine rank's part (``parts`` in rank order; None: a
+    rank without engines), checked against the trainer's weight ``version``
+    (:func:`check_weight_versions`; ``carries_partials``: ``overlap.deferral``). Samples
+    renamed into the union's index space (``sample.union_id``) and sorted, so groups stay
+    contiguous and the union is what one rank would have drawn; the phase seconds of the
+    slowest rank; counts summed; staleness over the union; per-rank engine metrics
+    ``engines/<r>/…``."""
+    own = [p for p in parts if p is not None]
+    samples = sorted((_renamed(x, r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
+                     key=lambda x: x.index)
+    check_weight_versions([x.versions for x in samples], version, carries_partials=carries_partials)
+    slowest = max(own, key=lambda p: sum(p.seconds.values()))
+    stats: dict[str, float] = {}
+    for key in dict.fromkeys(k for p in own for k in p.stats):
+        values = [p.stats[key] for p in own if key in p.stats]
+        if key in SAME_ON_EVERY_RANK:
+            stats[key] = values[0]
+        elif not key.startswith("engine/"):
+            stats[key] = sum(values)
+    if any(k.startswith("overlap/staleness_") for k in stats):
+        stats |= {f"overlap/staleness_{k}": v for k, v in staleness_stats(samples, version).items()}
+    stats |= rollout_stats(samples, multi_turn="rollout/turns" in stats)  # means over the union, not sums
+    for r, part in enumerate(own):
+        busy = {"engine/busy_s": sum(part.seconds.values())}
+        for key, name in PER_RANK.items():
+            value = busy.get(key, part.stats.get(key))
+            if value is not None:
+                stats[f"engines/{r}/{name}"] = value
+    return StepRollout(samples, dict(slowest.seconds), stats)
+
+
+def _renamed(sample, rank: int, ranks: int, n: int):
+    """``sample`` of engine rank ``rank`` as the union names it: its local group g is the
+    union's group g·R + r (``sample.union_id``), member m of it index (g·R + r)·n + m."""
+    if sample.group is None:
+        return dataclasses.replace(sample, index=union_id(sample.index, rank, ranks))
+    group = union_id(sample.group, rank, ranks)
+    return dataclasses.replace(sample, index=sample_index(group, group_member(sample.index, n)[1], n), group=group)
 
 
 def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:

@@ -1,3 +1,3 @@
 """A training run: start-up order (builder), what a run holds between steps and its
 checkpoints (session), the step loop, the sleep/wake order and weight sync, where engines
-run across ranks and how the ranks' rollouts join, and the run-time guards."""
+run across ranks, and the start-up guards."""

@@ -1,14 +1,13 @@
-"""Run-time guards: checks that stop a run with one line instead of training on garbage.
+"""Start-up guards: checks that stop a run with one line before it trains on garbage.
 
-Owns: the weight-version agreement between the trainer and the actor engine (every
-sampled token carries the version the engine reports; none may be newer than the
-trainer's, and in the sequential modes all must equal it), and the batch/world-size
-agreement checked at start-up, and that the user's script guards its entry point (SGLang
-spawns its scheduler processes, which re-import the script, so it must be a file). Pure
-functions over plain Python values (the guard check reads the script's source).
+Owns: the batch/world-size agreement, and that the user's script guards its entry point
+(SGLang spawns its scheduler processes, which re-import the script, so it must be a
+file). Pure functions over plain Python values (the guard check reads the script's source).
 
-Leaves out: non-finite rewards/advantages/losses/grads (the loop and ``trainer.optim``
-skip those updates with a logged reason), engine liveness (``engine.runtime``).
+Leaves out: the weight-version agreement of every step's tokens
+(``colocate.rollout.rollouts.check_weight_versions``), non-finite rewards, advantages,
+losses and grads (the loop and ``trainer.optim`` skip those updates with a logged reason),
+engine liveness (``engine.runtime``).
 """
 
 from __future__ import annotations
@@ -16,31 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
 
-from colocate.errors import ColocateError, ConfigError
-
-
-class WeightVersionMismatchError(ColocateError):
-    """The actor engine served weights the trainer does not think it holds."""
-
-
-def check_weight_versions(versions: Sequence[Sequence[int]], trainer_version: int, *,
-                          carries_partials: bool) -> None:
-    """Every token's weight version against the trainer's current version.
-
-    A token newer than the trainer is always a mismatch. Without deferral
-    (``carries_partials`` False) every token was sampled this step, so each must equal
-    ``trainer_version``; with deferral, older tokens are the deferred partials, whose
-    staleness the trainer corrects or masks.
-    """
-    for row, vs in enumerate(versions):
-        for v in vs:
-            if v > trainer_version or (not carries_partials and v != trainer_version):
-                raise WeightVersionMismatchError(
-                    f"weight-version mismatch: sample {row} has a token sampled under version {v} "
-                    f"but the trainer is at version {trainer_version}; the engine does not hold the "
-                    "trainer's weights (a lost sync): resume from the last checkpoint with --resume")
+from colocate.errors import ConfigError
 
 
 def check_world_size(batch_size: int, minibatches: int, world_size: int) -> None:

@@ -5,7 +5,7 @@ weight sync (with the sleep/wake order of ``colocate.run.timesharing``) → KL c
 metrics → checkpoint. A critic-free estimator (``ppo.advantage``) has no values pass and
 no critic epochs. Every mode hands the step a ``StepRollout`` of scored samples (whole
 groups): each engine rank generates and scores its share on its own engines, the shares
-are joined into one batch on every rank (``colocate.run.rank_rollouts``), and every rank
+are joined into one batch on every rank (``colocate.rollout.rollouts.join``), and every rank
 trains its FSDP shard of it.
 """
 
@@ -17,14 +17,13 @@ import time
 from typing import Any, Callable, Sequence
 
 from colocate.rollout import evaluation
-from colocate.run import rank_failure, rank_rollouts
+from colocate.run import rank_failure
 from colocate.monitor import completions
 from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
 from colocate.errors import USER_ERRORS, config_terms
-from colocate.run.guards import check_weight_versions
 from colocate.run.phases import StepPhases
-from colocate.rollout.rollouts import StepRollout
+from colocate.rollout.rollouts import StepRollout, join
 from colocate.run.session import Session
 from colocate.trainer.advantages import token_kl
 from colocate.trainer.batch import batch_of
@@ -34,27 +33,33 @@ from colocate.monitor.wandb_log import WandbRun
 StepCallback = Callable[[dict[str, Any]], None]
 
 
-def rollout(s: Session, phases: StepPhases) -> StepRollout | None:
-    """Generate and score this rank's share of the batch on its engines, in the step's mode
-    (``colocate.rollout.rollouts``; ``None`` on a rank without engines)."""
-    if s.rollouts is None:
-        return None
-    with phases("rollout", timed=False):
-        return s.rollouts.rollout(s.data, s.state.step, s.state.weight_version)
+def rollout(s: Session, phases: StepPhases) -> StepRollout:
+    """The step's rollout on every rank: each engine rank generates and scores its share of
+    the batch on its engines, in the step's mode (``colocate.rollout.rollouts``); the shares,
+    or the first failure, are exchanged (``rank_failure.agree``: a rank whose rollout fails
+    does not leave the others waiting in a collective, every rank raises, and a user error
+    lets every rank checkpoint the last completed step together) and joined into one batch
+    checked against the trainer's weight version (``colocate.rollout.rollouts.join``)."""
+    def share() -> StepRollout | None:  # None on a rank without engines
+        if s.rollouts is None:
+            return None
+        with phases("rollout", timed=False):
+            return s.rollouts.rollout(s.data, s.state.step, s.state.weight_version)
+
+    shares = rank_failure.agree(share, s.dist, "rollout", share=True)
+    return join(shares, s.state.weight_version, s.cfg.rollout.group_size, carries_partials=s.cfg.overlap.deferral)
 
 
 def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     """One PPO step; returns its metrics (``trained``, when given, gets the step's samples)."""
     t_step = time.perf_counter()
     phases = s.begin_step()  # its boundaries are where faults, progress and the timeline attach
-    data = rank_rollouts.gather(lambda: rollout(s, phases), s.dist, s.state.weight_version, s.cfg.rollout.group_size)
+    data = rollout(s, phases)
     phases.seconds.update(data.seconds)
     samples = data.samples
     if trained is not None:
         trained.extend(samples)
     scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
-    check_weight_versions([x.versions for x in samples], s.state.weight_version,
-                          carries_partials=s.cfg.overlap.deferral)
     phases.enter("train")
     if not all(math.isfinite(v) for v in scores):
         return _skipped(s, phases, t_step, "non-finite reward from the reward model/functions")

@@ -13,7 +13,7 @@ from disjoint per-rank ranges, so ranks starting engines side by side never race
 and its tensor-parallel group (``tp_size`` consecutive ranks; TP rank i on the GPU of the
 group's i-th rank, ``gpu_id`` + i).
 
-Leaves out: joining the ranks' rollouts (``colocate.run.rank_rollouts``), the streams
+Leaves out: joining the ranks' rollouts (``colocate.rollout.rollouts.join``), the streams
 themselves (``colocate.rollout.data_source``); starting the engines (``colocate.run.builder``).
 """
 

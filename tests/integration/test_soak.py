@@ -8,7 +8,7 @@ from colocate import api
 from colocate.run import builder
 from colocate.run import loop as ppo_loop
 from colocate.config import load_config
-from colocate.run.guards import WeightVersionMismatchError
+from colocate.rollout.rollouts import WeightVersionMismatchError
 
 pytestmark = pytest.mark.slow
 SOAK_STEPS = 50

@@ -1,29 +1,12 @@
-"""Run-time guards: weight-version agreement and batch/world-size agreement."""
+"""Start-up guards: batch/world-size agreement, the script's entry-point guard. (The weight-version
+agreement of every step's tokens: ``test_rank_rollouts.py``.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from colocate.errors import ConfigError
-from colocate.run.guards import (WeightVersionMismatchError, check_weight_versions, check_world_size)
-
-
-def test_sequential_batch_must_be_all_current():
-    check_weight_versions([[3, 3], [3], []], 3, carries_partials=False)
-    with pytest.raises(WeightVersionMismatchError, match=r"sample 1 .* version 2 .* trainer is at version 3"):
-        check_weight_versions([[3, 3], [3, 2]], 3, carries_partials=False)
-
-
-def test_deferral_allows_older_tokens_never_newer():
-    check_weight_versions([[1, 1, 3], [3], [2, 2]], 3, carries_partials=True)
-    with pytest.raises(WeightVersionMismatchError, match="version 4"):
-        check_weight_versions([[3], [3, 4]], 3, carries_partials=True)
-
-
-def test_messages_are_one_line_and_say_what_to_do():
-    with pytest.raises(WeightVersionMismatchError) as e:
-        check_weight_versions([[0]], 5, carries_partials=False)
-    assert "\n" not in str(e.value) and "--resume" in str(e.value)
+from colocate.run.guards import check_world_size
 
 
 @pytest.mark.parametrize("batch,minibatches,world,ok", [

@@ -1,5 +1,7 @@
-"""Joining the engine ranks' rollouts, exchanging a rank's failure, and the ranks agreeing
-on a stop request (two gloo ranks where a collective is involved). Carrying every rank's
+"""Joining the engine ranks' rollouts (``colocate.rollout.rollouts.join``, with every token's
+weight version checked against the trainer's), exchanging a rank's failure
+(``colocate.run.rank_failure.agree``, as ``colocate.run.loop.rollout`` does), and the ranks
+agreeing on a stop request (two gloo ranks where a collective is involved). Carrying every rank's
 deferred buffer across a resume on another number of ranks: ``test_data_source.py`` and
 ``test_checkpoint_layout.py``."""
 
@@ -11,10 +13,11 @@ import pytest
 import torch.distributed
 import torch.multiprocessing as mp
 
-from colocate.run import rank_rollouts
+from colocate.run.rank_failure import agree
 from colocate.engine.errors import EngineError
 from colocate.rollout.sample import Sample, Status
-from colocate.rollout.rollouts import StepRollout, rollout_stats, staleness_stats
+from colocate.rollout.rollouts import (StepRollout, WeightVersionMismatchError, check_weight_versions, join,
+                                       rollout_stats, staleness_stats)
 
 
 def _sample(index: int, n: int = 1, versions=(0, 0), cached: int = 0) -> Sample:
@@ -35,7 +38,7 @@ def test_join_renames_each_ranks_samples_into_the_unions_order():
     one = _part([_sample(i, n, cached=3) for i in (0, 1, 2, 3)], {"generate": 2.0, "reward_tail": 0.0},
                 **{"overlap/deferred": 1, "overlap/delta": 1, "overlap/launched": 5, "engine/actor_requests": 5,
                    "engine/reward_requests": 4})
-    joined = rank_rollouts.join([zero, None, one], version=0, group_size=n)  # None: a rank without engines
+    joined = join([zero, None, one], version=0, group_size=n, carries_partials=False)  # None: a rank without engines
     assert [s.index for s in joined.samples] == list(range(8))
     assert [s.group_id for s in joined.samples] == [0, 0, 1, 1, 2, 2, 3, 3]  # groups whole and contiguous
     # which rank drew it: union group 2g + r came from rank r's local group g
@@ -55,7 +58,7 @@ def test_join_takes_staleness_over_the_union_not_a_sum_of_ranks():
                  **{f"overlap/staleness_{k}": v for k, v in {"mean": 0.3, "max": 1.0, "frac_stale_tokens": 0.2}.items()})
     one = _part([_sample(0, versions=(1, 3)), _sample(1, versions=(3,))], {"generate": 1.0},
                 **{f"overlap/staleness_{k}": v for k, v in {"mean": 0.5, "max": 2.0, "frac_stale_tokens": 0.3}.items()})
-    joined = rank_rollouts.join([zero, one], version=3, group_size=1)
+    joined = join([zero, one], version=3, group_size=1, carries_partials=True)
     union = staleness_stats(zero.samples + one.samples, 3)
     assert joined.stats["overlap/staleness_mean"] == pytest.approx(union["mean"]) == pytest.approx(3 / 8)
     assert joined.stats["overlap/staleness_max"] == 2.0
@@ -69,13 +72,46 @@ def test_staleness_stats_over_tokens():
     assert staleness_stats([], 4)["max"] == 0.0
 
 
+def _gather(run, dist, version: int, group_size: int) -> StepRollout:
+    """What ``colocate.run.loop.rollout`` does with every rank's share."""
+    return join(agree(run, dist, "rollout", share=True), version, group_size, carries_partials=False)
+
+
 def test_one_rank_joins_to_itself():
     part = _part([_sample(0), _sample(1)], {"generate": 1.0})
     alone = SimpleNamespace(rank=0, world_size=1)
-    joined = rank_rollouts.gather(lambda: part, alone, version=0, group_size=1)
+    joined = _gather(lambda: part, alone, version=0, group_size=1)
     assert joined.samples == part.samples and joined.seconds == part.seconds
     with pytest.raises(EngineError, match="boom"):
-        rank_rollouts.gather(lambda: (_ for _ in ()).throw(EngineError("boom")), alone, version=0, group_size=1)
+        _gather(lambda: (_ for _ in ()).throw(EngineError("boom")), alone, version=0, group_size=1)
+
+
+def test_sequential_batch_must_be_all_current():
+    check_weight_versions([[3, 3], [3], []], 3, carries_partials=False)
+    with pytest.raises(WeightVersionMismatchError, match=r"sample 1 .* version 2 .* trainer is at version 3"):
+        check_weight_versions([[3, 3], [3, 2]], 3, carries_partials=False)
+
+
+def test_deferral_allows_older_tokens_never_newer():
+    check_weight_versions([[1, 1, 3], [3], [2, 2]], 3, carries_partials=True)
+    with pytest.raises(WeightVersionMismatchError, match="version 4"):
+        check_weight_versions([[3], [3, 4]], 3, carries_partials=True)
+
+
+def test_version_messages_are_one_line_and_say_what_to_do():
+    with pytest.raises(WeightVersionMismatchError) as e:
+        check_weight_versions([[0]], 5, carries_partials=False)
+    assert "\n" not in str(e.value) and "--resume" in str(e.value)
+
+
+def test_the_join_checks_every_ranks_tokens_against_the_trainers_version():
+    current = _part([_sample(0, versions=(3, 3))], {"generate": 1.0})
+    older = _part([_sample(0, versions=(2, 3))], {"generate": 1.0})
+    assert len(join([current, older], version=3, group_size=1, carries_partials=True).samples) == 2
+    with pytest.raises(WeightVersionMismatchError, match="version 2 but the trainer is at version 3"):
+        join([current, older], version=3, group_size=1, carries_partials=False)  # no deferral: all current
+    with pytest.raises(WeightVersionMismatchError, match="version 3 but the trainer is at version 2"):
+        join([current, None], version=2, group_size=1, carries_partials=True)  # newer than the trainer: never
 
 
 def _failing_worker(rank: int, init_method: str, queue) -> None:
@@ -89,7 +125,7 @@ def _failing_worker(rank: int, init_method: str, queue) -> None:
         return _part([_sample(0)], {"generate": 1.0})
 
     try:
-        rank_rollouts.gather(run, info, version=0, group_size=1)
+        _gather(run, info, version=0, group_size=1)
         queue.put((rank, "no error"))
     except Exception as exc:  # noqa: BLE001 - the test reads what each rank raised
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
