@@ -2,7 +2,8 @@
 
 Owns: wrapping a model in PEFT's LoRA as the ``lora`` section (`LoraConfig`,
 `trainer/sections.py`: rank, alpha, dropout, target modules, which models) says
-(`peft_config`, `add_lora`: the base weights frozen, only the adapters train), and
+(`peft_config`, `add_lora`: the base weights frozen, only the adapters train; `check_targets`:
+the target names against a model's skeleton, before anything is loaded), and
 turning the (name, full tensor) stream of a LoRA actor into the Hugging Face-named merged
 weights of its adapted linears (`merged_weights`: W + alpha/r · B·A, what the engine
 serves; every other tensor is the frozen base the engine already holds).
@@ -20,6 +21,7 @@ the base model).
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Iterator
 
 import torch
@@ -55,8 +57,44 @@ def add_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     try:
         return get_peft_model(model, peft_config(lora))
     except ValueError as exc:
-        raise TrainerConfigError(f"lora.target_modules={lora.target_modules!r}: {str(exc).splitlines()[0]} "
+        unsupported = re.match(r"Target module (\w+)\(.*\) is not supported", str(exc), re.DOTALL)
+        cause = (f"a target names a {unsupported[1]}, which PEFT cannot adapt (it adapts linear, embedding and "
+                 "convolution layers)" if unsupported else str(exc).splitlines()[0])
+        raise TrainerConfigError(f"lora.target_modules={lora.target_modules!r}: {cause} "
                                  "(use all-linear or the model's linear names, e.g. q_proj,v_proj)") from None
+
+
+def check_targets(model_path: str, lora: LoraConfig, *, backbone: bool = False,
+                  trust_remote_code: bool = False) -> None:
+    """``lora.target_modules`` against the model in ``model_path`` before anything is
+    loaded: on the model's skeleton (meta device: no weights read, no memory taken; the
+    causal LM, or its ``backbone`` for the critic), each name of a comma list must name a
+    module (PEFT's rule: the module's name or its last dotted parts) and PEFT must be able
+    to adapt what they name. Refused in one line naming the field and the model's linears,
+    at start-up instead of when the trainer is built after the engines started.
+    ``all-linear`` always fits."""
+    import transformers
+
+    from .errors import TrainerConfigError
+
+    targets = lora.target_modules.strip()
+    if targets == "all-linear":
+        return
+    config = transformers.AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    auto = transformers.AutoModel if backbone else transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config, trust_remote_code=trust_remote_code)
+        names = [name for name, _ in model.named_modules()]
+        missing = [m for m in (x.strip() for x in targets.split(",")) if not any(
+            n == m or n.endswith("." + m) for n in names)]
+        if missing:
+            linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+            whose = (f"the critic's {config.model_type} backbone (or lora.critic=false)" if backbone
+                     else config.model_type)
+            raise TrainerConfigError(
+                f"lora.target_modules={lora.target_modules!r}: {', '.join(missing)} names no module of "
+                f"{whose}; its linears: {','.join(linears)}, or all-linear")
+        add_lora(model, lora)
 
 
 def is_lora(model: nn.Module) -> bool:

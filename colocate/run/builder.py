@@ -49,7 +49,9 @@ from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
 from colocate.run.session import RunContext, RunState, Session, decode_text, stop_ids, tokenize_prompts
 from colocate.trainer import distributed
 from colocate.trainer.distributed import init_distributed
+from colocate.trainer.estimators import CRITIC_FREE
 from colocate.trainer.kl_control import make_kl_controller
+from colocate.trainer.lora import check_targets
 from colocate.trainer.ppo_trainer import PPOTrainer, TrainerSettings
 from colocate.trainer.precision import auto_dtype, cpu_flags
 from colocate.monitor.quiet import loaded, params
@@ -267,7 +269,8 @@ class StartInputs:
 
 def start_inputs(cfg: Config, env: Environment | None, placement: Placement, world_size: int,
                  reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True) -> StartInputs:
-    """Models resolved, remote code, world size, reward functions loaded, prompts tokenized
+    """Models resolved, remote code, world size, LoRA's target names against the models,
+    reward functions loaded, prompts tokenized
     (``data.max_prompt_tokens``), each engine's model against SGLang (its folder, arguments,
     model class and config: ``engine.start_checks.check_startable``, on ranks that host
     engines), prompt + budget against each engine's context and KV pool: every refusal one
@@ -284,6 +287,10 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
         if path is not None:
             check_remote_code(path, field, trusted)
     check_world_size(cfg.rollout.batch_size, cfg.ppo.minibatches, world_size)
+    if cfg.lora.on_actor:  # the names PEFT would refuse once the trainer is built, after the engines started
+        check_targets(actor_path, cfg.lora, trust_remote_code=trusted)
+    if cfg.lora.on_critic and cfg.ppo.advantage not in CRITIC_FREE:
+        check_targets(critic_path, cfg.lora, backbone=True, trust_remote_code=trusted)
     placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)  # whole groups per engine rank
     fns = _reward_fns(cfg, reward_fns)
     tokenizer = load_tokenizer(actor_path, "models.actor", trusted)

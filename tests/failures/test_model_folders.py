@@ -96,6 +96,15 @@ def test_a_critic_folder_without_a_model_is_one_line_before_any_engine(tmp_path)
     assert line.startswith(f"error: models.critic: no model at '{tmp_path / 'critic'}' (no config.json there)"), line
 
 
+def test_lora_targets_the_model_lacks_are_one_line_before_any_engine(actor, tmp_path):
+    """Before, PEFT refused them when the trainer was built, after the engines started (~30 s on
+    CPU), and a typo beside a real name (q_proj,nope) was skipped silently."""
+    line = _one_line(_check(tmp_path, f"models.actor={actor}", "lora.rank=4", "lora.target_modules=q_proj,nope"))
+    assert line.startswith("error: lora.target_modules='q_proj,nope': nope names no module of llama"), line
+    result = _check(tmp_path, f"models.actor={actor}", "lora.rank=4", "lora.target_modules=q_proj,v_proj")
+    assert result.exit_code == 0 and "check ok:" in result.output, result.output[-3000:]
+
+
 def test_generate_names_its_model_argument_for_an_empty_folder(tmp_path):
     (tmp_path / "nothing").mkdir()
     result = CliRunner().invoke(main, ["generate", str(tmp_path / "nothing"), "--prompt=hi"])

@@ -1,5 +1,6 @@
 """trainer/lora.py without a trainer: the merge of a PEFT model's adapters into HF-named
-weights against PEFT's own merge, the settings' validation, and a target matching nothing."""
+weights against PEFT's own merge, the settings' validation, and a target matching nothing
+(refused by PEFT, and at start-up on the model folder's skeleton: ``check_targets``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from colocate.trainer.errors import TrainerConfigError
-from colocate.trainer.lora import adapted_weight, add_lora, is_lora, merged_weights, peft_config
+from colocate.trainer.lora import adapted_weight, add_lora, check_targets, is_lora, merged_weights, peft_config
 from colocate.trainer.sections import LoraConfig
 
 RANK, ALPHA = 4, 8.0
@@ -91,3 +92,30 @@ def test_add_lora_freezes_the_base_and_refuses_a_target_matching_nothing():
     assert {n.split(".")[-4] for n in trainable} == {"q_proj", "v_proj"}
     with pytest.raises(TrainerConfigError, match=r"^lora\.target_modules='nope_proj'"):
         add_lora(tiny_llama(), LoraConfig(rank=RANK, target_modules="nope_proj"))
+
+
+def test_add_lora_names_a_module_peft_cannot_adapt_in_one_line():
+    with pytest.raises(TrainerConfigError) as e:
+        add_lora(tiny_llama(), LoraConfig(rank=RANK, target_modules="mlp"))
+    assert str(e.value).startswith("lora.target_modules='mlp': a target names a LlamaMLP, which PEFT cannot adapt")
+    assert "\n" not in str(e.value)
+
+
+def test_check_targets_reads_the_folders_skeleton_and_refuses_what_peft_would_or_would_skip(tmp_path):
+    """PEFT adapts q_proj alone for q_proj,nope (a typo among several names, silently); the check
+    refuses it, and what PEFT refuses, before any weight is read; all-linear is not looked at."""
+    from colocate.assets.random_models import build_tiny_causal_lm
+
+    folder = str(build_tiny_causal_lm(tmp_path / "actor", seed=0))
+    check_targets(folder, LoraConfig(rank=RANK, target_modules="q_proj,v_proj"))
+    check_targets(folder, LoraConfig(rank=RANK, target_modules="lm_head"))  # the causal LM has one
+    check_targets(str(tmp_path / "no such folder"), LoraConfig(rank=RANK))  # all-linear: nothing read
+    with pytest.raises(TrainerConfigError) as e:
+        check_targets(folder, LoraConfig(rank=RANK, target_modules="q_proj,nope"))
+    assert str(e.value) == ("lora.target_modules='q_proj,nope': nope names no module of llama; its linears: "
+                            "down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj, or all-linear")
+    with pytest.raises(TrainerConfigError, match="names a LlamaMLP, which PEFT cannot adapt"):
+        check_targets(folder, LoraConfig(rank=RANK, target_modules="mlp"))
+    with pytest.raises(TrainerConfigError, match=r"lm_head names no module of the critic's llama backbone "
+                                                 r"\(or lora.critic=false\)"):
+        check_targets(folder, LoraConfig(rank=RANK, target_modules="lm_head"), backbone=True)
