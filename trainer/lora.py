@@ -21,6 +21,7 @@ the base model).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Iterable, Iterator
 
@@ -69,11 +70,12 @@ def check_targets(model_path: str, lora: LoraConfig, *, backbone: bool = False,
     """``lora.target_modules`` against the model in ``model_path`` before anything is
     loaded: on the model's skeleton (meta device: no weights read, no memory taken; the
     causal LM, or its ``backbone`` for the critic), each name of a comma list must name a
-    module (PEFT's rule: the module's name or its last dotted parts) and PEFT must be able
+    module (PEFT's own matching rule, one name at a time) and PEFT must be able
     to adapt what they name. Refused in one line naming the field and the model's linears,
     at start-up instead of when the trainer is built after the engines started.
     ``all-linear`` always fits."""
     import transformers
+    from peft.tuners.tuners_utils import check_target_module_exists
 
     from .errors import TrainerConfigError
 
@@ -86,7 +88,7 @@ def check_targets(model_path: str, lora: LoraConfig, *, backbone: bool = False,
         model = auto.from_config(config, trust_remote_code=trust_remote_code)
         names = [name for name, _ in model.named_modules()]
         missing = [m for m in (x.strip() for x in targets.split(",")) if not any(
-            n == m or n.endswith("." + m) for n in names)]
+            check_target_module_exists(peft_config(dataclasses.replace(lora, target_modules=m)), n) for n in names)]
         if missing:
             linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
             whose = (f"the critic's {config.model_type} backbone (or lora.critic=false)" if backbone
