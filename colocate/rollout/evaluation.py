@@ -31,6 +31,16 @@ def split_held_out(prompts: Sequence[T], n: int) -> tuple[list[T], list[T]]:
     return list(prompts[:-n]), list(prompts[-n:])
 
 
+def held_out_note(asked: int, held: int, total: int) -> str | None:
+    """The start-up line when ``data.eval_prompts`` holds out fewer prompts than ``asked``
+    (``split_held_out``'s cap: a quarter of the source's ``total``), else None."""
+    if held >= asked:
+        return None
+    kept = "none" if held == 0 else f"only {held}"
+    return (f"data.eval_prompts={asked}: {kept} of the source's {total} prompts held out (at most a quarter; "
+            f"none from fewer than 4), training on {total - held}")
+
+
 def due(step: int, every: int, last_step: int) -> bool:
     """Evaluate the weights after ``step`` updates: at 0, every ``every`` steps and at the end."""
     return every > 0 and (step % every == 0 or step == last_step)

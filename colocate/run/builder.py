@@ -35,7 +35,7 @@ from colocate.monitor.timeline import Timeline
 from colocate.errors import ConfigError, config_terms
 from colocate.rollout.env import Environment
 from colocate.rollout.environments import load_environment
-from colocate.rollout.evaluation import split_held_out
+from colocate.rollout.evaluation import held_out_note, split_held_out
 from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
@@ -361,6 +361,9 @@ def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, r
     """`build` after the process group (and the run folder) are set up."""
     device = dist.device.type
     inputs = start_inputs(cfg, env, placement, dist.world_size, reward_fns)
+    if cfg.run.eval_every > 0 and (note := held_out_note(cfg.data.eval_prompts, len(inputs.eval_prompts),
+                                                          len(inputs.prompts) + len(inputs.eval_prompts))):
+        log(note)
     tokenizer, actor_cfg, reward_cfg = inputs.tokenizer, inputs.actor_cfg, inputs.reward_cfg
     share = placement.share(cfg.rollout.batch_size, cfg.rollout.group_size)
     reward_errors = RewardFnErrors()

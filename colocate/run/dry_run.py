@@ -22,6 +22,7 @@ import torch
 from colocate.config import Config
 from colocate.monitor.wandb_log import check_available
 from colocate.rollout.env import Environment
+from colocate.rollout.evaluation import held_out_note
 from colocate.run.builder import check_device_choices, environment, run_device, start_inputs
 from colocate.run import run_folder
 from colocate.run.placement import Placement
@@ -29,14 +30,15 @@ from colocate.run.placement import Placement
 
 @dataclasses.dataclass(frozen=True)
 class CheckReport:
-    """What :func:`check` found: prompt counts, the longest prompt, what it left unchecked."""
+    """What :func:`check` found: prompt counts, the longest prompt, what it left unchecked or
+    the run would say at start-up (``notes``)."""
 
     cfg: Config
     prompts: int
     held_out: int
     longest: int
     nproc: int = 1
-    unchecked: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         c = self.cfg
@@ -45,7 +47,7 @@ class CheckReport:
         line = (f"check ok: {self.prompts} training + {self.held_out} held-out prompts from {c.data.source} "
                 f"(longest {self.longest} tokens, data.max_prompt_tokens {c.data.max_prompt_tokens}) + "
                 f"rollout.max_new_tokens {c.rollout.max_new_tokens} fit the engines{ranks}{env}; no engine started")
-        return line + "".join(f"; {u}" for u in self.unchecked)
+        return line + "".join(f"; {u}" for u in self.notes)
 
 
 def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None, resume=None) -> CheckReport:
@@ -61,10 +63,11 @@ def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None, resume
     placement = Placement(world=nproc, local_world=nproc, tp_size=cfg.engines.tp_size,
                           visible_gpus=torch.cuda.device_count() if device == "cuda" else 0)
     inputs = start_inputs(cfg, env, placement, nproc, build_models=False)
-    unchecked = ()
+    notes = ()
     if cfg.reward.kind == "model" and inputs.reward_path is None:
-        unchecked = (f"models.reward {cfg.models.reward} is not built yet (the first run builds it once), "
-                     "so the prompts are not checked against its context",)
+        notes = (f"models.reward {cfg.models.reward} is not built yet (the first run builds it once), "
+                 "so the prompts are not checked against its context",)
     every = inputs.prompts + inputs.eval_prompts
+    capped = cfg.run.eval_every > 0 and held_out_note(cfg.data.eval_prompts, len(inputs.eval_prompts), len(every))
     return CheckReport(cfg, len(inputs.prompts), len(inputs.eval_prompts),
-                       max((len(p.ids) for p in every), default=0), nproc, unchecked)
+                       max((len(p.ids) for p in every), default=0), nproc, notes + ((capped,) if capped else ()))

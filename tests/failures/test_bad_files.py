@@ -64,6 +64,9 @@ def test_a_utf8_jsonl_with_a_byte_order_mark_and_unicode_line_breaks_in_its_text
     source.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
     result = _check(source, tiny_actor_path)
     assert result.exit_code == 0 and result.stdout.startswith("check ok: 15 training + 5 held-out prompts"), result.output
+    # data.eval_prompts (16 by default) asked for more than a quarter of 20: the check says so
+    assert result.stdout.rstrip().endswith("; data.eval_prompts=16: only 5 of the source's 20 prompts held out (at most "
+                                           "a quarter; none from fewer than 4), training on 15"), result.output
 
 
 def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path, tiny_actor_path):
