@@ -17,6 +17,9 @@ unit-tested on CPU (``tests/unit/test_timesharing.py``, ``tests/unit/test_placem
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,6 +47,8 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"engine pool: {pool.started} engines started ({pool.again} of them for a config "
                                     f"an earlier run had started), {pool.reused} handed over to a later run, "
                                     f"{pool.evicted} shut down to keep at most {pool.max_idle} idle")
+        for label, modules in pool.restarted():  # where the suite's time goes: starts a bigger pool would save
+            terminalreporter.write_line(f"  started {len(modules)}x: {label} by {', '.join(modules)}")
 
 
 class _SuitePool(EnginePool):
@@ -53,7 +58,7 @@ class _SuitePool(EnginePool):
 
     def __init__(self, max_idle: int) -> None:
         super().__init__(max_idle)
-        self.configs: set[str] = set()
+        self.configs: dict[str, tuple[str, list[str]]] = {}  # config -> (label, test modules that started it)
         self.again = 0
         self.evicted = 0
 
@@ -67,8 +72,15 @@ class _SuitePool(EnginePool):
         eng, reused = super().take(cfg, field=field)
         if not reused:
             self.again += repr(cfg) in self.configs
-            self.configs.add(repr(cfg))
+            label = f"{cfg.role} {Path(cfg.model_path).parent.name}/{Path(cfg.model_path).name}"
+            module = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[0].rsplit("/", 1)[-1]
+            self.configs.setdefault(repr(cfg), (label, []))[1].append(module)
         return eng, reused
+
+    def restarted(self) -> list[tuple[str, list[str]]]:
+        """(label, test modules) of each engine config started more than once, most starts first."""
+        again = [(label, modules) for label, modules in self.configs.values() if len(modules) > 1]
+        return sorted(again, key=lambda x: -len(x[1]))
 
 
 def pytest_unconfigure(config):
