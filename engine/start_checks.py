@@ -35,23 +35,38 @@ CAUSAL_REWARD_ARCHS = frozenset({"LlamaForSequenceClassification"})
 def read_architecture(model_path: str, field: str) -> str:
     """The ``architectures[0]`` of a model folder, or a one-line error naming ``field``."""
     folder = Path(model_path).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
+    if not (folder / "config.json").is_file():
         raise EngineStartError(
             f"{field}: no model at '{model_path}' (no config.json there); "
             "run `colocate prepare` or pass a Hugging Face model folder"
         )
-    archs = json.loads(cfg.read_text()).get("architectures") or [""]
-    return archs[0]
+    archs = model_config(model_path, field).get("architectures") or [""]
+    return archs[0] if isinstance(archs, list) and isinstance(archs[0], str) else ""
+
+
+def model_config(model_path: str, field: str) -> dict[str, Any]:
+    """A model folder's ``config.json`` as the JSON object it must be, or a one-line error
+    naming ``field`` (a hand-edited or truncated file: before, a JSON traceback)."""
+    file = Path(model_path).expanduser() / "config.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise EngineStartError(f"{field}: {file} is not a readable JSON file ({exc}); a model folder's "
+                               "config.json is the one save_pretrained writes") from None
+    if not isinstance(data, dict):
+        raise EngineStartError(f"{field}: {file} holds a JSON {type(data).__name__}, not a model config "
+                               "(a JSON object, as save_pretrained writes it)")
+    return data
 
 
 def check_remote_code(model_path: str, field: str, trusted: bool) -> None:
     """A model folder whose config maps its classes to code it ships (``auto_map``) runs
-    that code when loaded: refuse it unless ``trusted`` (the caller's setting) says so."""
-    cfg_file = Path(model_path).expanduser() / "config.json"
-    if trusted or not cfg_file.is_file():
+    that code when loaded: refuse it unless ``trusted`` (the caller's setting) says so. Its
+    config.json is read here first (the first of the start-up checks to open it): one that is
+    not a JSON object is one line (:func:`model_config`)."""
+    if not (Path(model_path).expanduser() / "config.json").is_file():
         return
-    if json.loads(cfg_file.read_text()).get("auto_map"):
+    if model_config(model_path, field).get("auto_map") and not trusted:
         raise EngineStartError(
             f"{field}: '{model_path}' ships its own model code (auto_map in config.json), which "
             "colocate does not run by default", fix="remote_code")

@@ -67,6 +67,11 @@ def _one_line(result) -> str:
     ("no tokenizer", "error: models.actor: '{path}' has no tokenizer transformers can load (no tokenizer files there); "
                      "pass a model folder saved with its tokenizer"),
     ("garbled tokenizer.json", "error: models.actor: '{path}' has no tokenizer transformers can load (expected"),
+    # before: a JSON traceback from the first start-up check that opened it
+    ("truncated config.json", "error: models.actor: {path}/config.json is not a readable JSON file (Expecting "
+                              "property name enclosed in double quotes: line 1 column 2 (char 1)); a model folder's "
+                              "config.json is the one save_pretrained writes"),
+    ("config.json a list", "error: models.actor: {path}/config.json holds a JSON list, not a model config"),
 ])
 def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case, expected):
     where = tmp_path / "actor"
@@ -76,6 +81,9 @@ def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case
         _copy(actor, where, drop=("config.json",))
     elif case == "no tokenizer":
         _copy(actor, where, drop=TOKENIZER)
+    elif case.startswith("truncated config.json") or case == "config.json a list":
+        _copy(actor, where)
+        (where / "config.json").write_text("{" if case.startswith("truncated") else "[]")
     else:
         _copy(actor, where, drop=("tokenizer_config.json", "chat_template.jinja"))
         (where / "tokenizer.json").write_text('{"model": ')
