@@ -72,14 +72,25 @@ def check_remote_code(model_path: str, field: str, trusted: bool) -> None:
             "colocate does not run by default", fix="remote_code")
 
 
+def is_causal_lm(arch: str) -> bool:
+    """Whether ``arch`` is a text causal LM: a ``…ForCausalLM``, or a class transformers
+    registers as one under another name (GPT-2's ``GPT2LMHeadModel``; its multimodal
+    ``…ForConditionalGeneration`` entries are not text models). Whether SGLang can serve it
+    is :func:`check_loadable`'s question."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return arch.endswith("ForCausalLM") or (arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+                                            and not arch.endswith("ForConditionalGeneration"))
+
+
 def check_model(cfg, field: str) -> str:
     """Validate the model folder for ``cfg.role`` (an ``EngineConfig``) before starting SGLang."""
     arch = read_architecture(cfg.model_path, field)
     check_remote_code(cfg.model_path, field, cfg.trust_remote_code)
-    if cfg.role == "actor" and not arch.endswith("ForCausalLM"):
+    if cfg.role == "actor" and not is_causal_lm(arch):
         raise EngineStartError(
             f"{field}: '{cfg.model_path}' is a {arch or 'model without architectures'}; "
-            "the actor must be a causal LM (…ForCausalLM)"
+            "the actor must be a causal LM (…ForCausalLM, or GPT-2's LMHeadModel)"
         )
     if cfg.role == "reward" and arch not in CAUSAL_REWARD_ARCHS:
         raise EngineStartError(

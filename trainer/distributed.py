@@ -131,16 +131,22 @@ def local_device_index(local_rank: int, visible: int) -> int:
     return local_rank % visible if visible > 0 else local_rank
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama/Qwen2-style model (`model.model.layers`, or `model.layers`;
-    under a PEFT wrapper, those of the model it wraps)."""
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a transformers model, in order: the modules of the classes it
+    declares unsplittable (``_no_split_modules``, the blocks accelerate and FSDP auto-wrap
+    shard), which is `model.model.layers` of a Llama/Qwen2-style model and e.g.
+    `model.decoder.layers` of OPT's or `transformer.h` of GPT-2's (a critic's: its
+    backbone's); under a PEFT wrapper, those of the model it wraps."""
     if hasattr(model, "get_base_model"):  # peft.PeftModel
         model = model.get_base_model()
-    for owner in (getattr(model, "model", None), model):
-        layers = getattr(owner, "layers", None)
-        if isinstance(layers, nn.ModuleList):
-            return layers
-    raise TypeError(f"{type(model).__name__} has no model.layers / layers ModuleList to shard")
+    blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
+    layers: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():  # the outermost: FSDP shards a block once, before its owner
+        if type(module).__name__ in blocks and not any(name.startswith(f"{outer}.") for outer in layers):
+            layers[name] = module
+    if not layers:
+        raise TypeError(f"{type(model).__name__} declares no decoder layer classes (_no_split_modules) to shard")
+    return list(layers.values())
 
 
 def shard_model(model: nn.Module, info: DistInfo, param_dtype: torch.dtype | None = None) -> nn.Module:
