@@ -201,7 +201,6 @@ def _write_run_files(session) -> None:
     (out / "config.json").write_text(json.dumps(to_dict(session.cfg), indent=1))
     for name in ("metrics.jsonl", "eval.jsonl"):
         path = out / name
-        if path.exists():  # a resumed run: drop records after the checkpoint it resumed from
-            keep = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= session.state.step]
-            path.write_text("".join(line + "\n" for line in keep))
+        if path.exists():  # a resumed run: drop records after the checkpoint it resumed from (and a torn last one)
+            keep = [r for r in read(path) if r["step"] <= session.state.step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in keep))  # as append_jsonl wrote them

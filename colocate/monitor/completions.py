@@ -14,13 +14,12 @@ TensorBoard/W&B (``colocate.monitor.metrics``).
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from colocate.errors import ConfigError
-from colocate.monitor.records import append_jsonl
+from colocate.monitor.records import append_jsonl, read_jsonl
 from colocate.monitor.visible import LAYOUT, visible
 
 TRAIN_FILE, EVAL_FILE = "samples.jsonl", "eval_samples.jsonl"
@@ -74,8 +73,7 @@ def read(run_dir: str | Path, step: int | None = None, evaluation: bool = False)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; runs write it with run.log_samples != 0"
                           + (" and run.eval_every > 0" if evaluation else ""))
-    out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in out if step is None or r["step"] == step]
+    return [r for r in read_jsonl(path) if step is None or r["step"] == step]
 
 
 COLUMNS = ("step", "index", "prompt", "response", "reward", "parts", "length", "end")

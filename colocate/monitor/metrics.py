@@ -7,7 +7,6 @@ Leaves out: what is measured (the loop decides; its phases' seconds: ``colocate.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,7 +14,7 @@ from typing import Any, Sequence
 import psutil
 
 from colocate.monitor import completions
-from colocate.monitor.records import append_jsonl
+from colocate.monitor.records import append_jsonl, read_jsonl
 
 
 class MetricsLog:
@@ -118,7 +117,5 @@ def rss_mb() -> float:
 
 
 def read(path: Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of ``metrics.jsonl`` or ``eval.jsonl`` (``records.read_jsonl``)."""
+    return read_jsonl(path)
