@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
+from colocate.errors import ColocateError
 from colocate.assets.model_aliases import model_aliases
 from colocate.engine.pool import EnginePool  # engines kept across runs: api.train(..., engines=pool)
 from colocate.monitor.metrics import read, run_summary
@@ -84,6 +85,34 @@ class StopRequest:
         if self.requested:  # a second Ctrl-C: stop now
             raise KeyboardInterrupt
         self.requested, self.reason = True, signal.Signals(signum).name
+
+
+class StartInterrupted(ColocateError):
+    """SIGINT or SIGTERM while a run started: nothing trained, its engines shut down."""
+
+
+@contextlib.contextmanager
+def _signals_interrupt(caught: list[str]):
+    """SIGINT and SIGTERM interrupt a run's start (a ``KeyboardInterrupt``, main thread only;
+    the signal's name appended to ``caught``), so it unwinds as from any failure and the
+    engines started so far shut down with their processes. Before, a SIGTERM (a job
+    scheduler's, or torchrun's once another rank failed) killed the process at once, and
+    SGLang's processes still importing outlived it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame) -> None:
+        caught.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, interrupt) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig in sigs:
+            signal.signal(sig, old[sig])
 
 
 @contextlib.contextmanager
@@ -173,7 +202,14 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
 
         check_resume(cfg, resume, log)  # before any engine starts
     # rank 0 holds run.out_dir for the run: one line if it holds an earlier run or another run holds it
-    session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env, claim=True)
+    caught: list[str] = []
+    try:
+        with _signals_interrupt(caught):
+            session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env,
+                                    claim=True)
+    except KeyboardInterrupt:
+        raise StartInterrupted(f"stopped by {caught[-1] if caught else 'SIGINT'} while the run started, before its "
+                               "first step: nothing trained, nothing to checkpoint (its engines shut down)") from None
     stop = StopRequest()
     progress = None
     # over the run's end too: a SIGTERM then (torchrun's, once another rank has failed) waits

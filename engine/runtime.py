@@ -89,6 +89,8 @@ class SglangEngine:
         except BaseException:  # anything else (an interrupt): stderr back, SGLang's output kept
             self._output.failed()
             self._output.close(keep=True)
+            _stop(_children() - before)  # this start's processes: one still importing SGLang has no parent-death signal
+            shutil.rmtree(self._store_dir, ignore_errors=True)
             end_contexts_since(contexts)
             raise
         self._output.started()

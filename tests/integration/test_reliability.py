@@ -108,6 +108,36 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, t
     assert 1 <= step < 50
 
 
+def test_sigterm_while_starting_ends_in_one_line_and_leaves_no_process(models, overrides, tmp_path):
+    """Before, a SIGTERM during the engines' start killed the process at once (exit 143, no
+    line) and SGLang's processes still importing outlived it, orphaned."""
+    args = [sys.executable, "-m", "colocate.cli", "train"]
+    for o in overrides(models, tmp_path / "start", "run.steps=50"):
+        args += ["--set", o]
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, family = time.monotonic() + 120, set()
+    while proc.poll() is None and time.monotonic() < deadline and not family:  # an engine's processes started
+        family = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        time.sleep(0.2)
+    assert family, "the run ended or started no process within 120 s"
+    family |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+        "error: stopped by SIGTERM while the run started, before its first step: nothing trained, nothing to "
+        "checkpoint (its engines shut down)"], err[-3000:]
+    time.sleep(1)  # a process SIGKILLed as the run ended is reaped by now
+    assert not [p for p in family if _running(p)], [p for p in family if _running(p)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_non_finite_reward_skips_the_update(models, overrides, tmp_path, engine_pool):
     # no held-out evaluation: the first reward calls must be the first training batch's
     # each function's value is finite (a NaN or inf from a function is reward.on_error's:
