@@ -123,24 +123,60 @@ def latest(path: Path, what: str = "--resume") -> Path:
     raise CheckpointError(f"{what}: no checkpoint under '{path}' (expected step_*/manifest.json)")
 
 
-def manifest(path: Path) -> dict[str, Any]:
-    """A checkpoint folder's manifest: ``step``, ``files`` and ``meta`` (``{}`` in checkpoints
-    written before it was recorded)."""
-    return {"meta": {}} | json.loads((Path(path) / MANIFEST).read_text())
+def manifest(path: Path, what: str = "--resume") -> dict[str, Any]:
+    """A checkpoint folder's manifest: ``step``, ``files`` (name -> SHA-256) and ``meta``
+    (``{}`` where none was recorded); one that is not what :func:`save` writes (a
+    hand-edited or damaged file) is one line naming the checkpoint before it."""
+    path = Path(path)
+    try:
+        record = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{what}: checkpoint '{path}' has an unreadable {MANIFEST} ({exc}); "
+                              f"{_earlier(path, what)}") from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not (isinstance(record, dict) and type(record.get("step")) is int and record["step"] >= 0
+            and isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+            and isinstance(record.get("meta", {}), dict)):
+        raise CheckpointError(f"{what}: checkpoint '{path}' has a damaged {MANIFEST} (not the step, files and "
+                              f"meta colocate writes); {_earlier(path, what)}")
+    return {"meta": {}} | record
+
+
+def check_complete(path: Path, what: str = "--resume") -> None:
+    """Every file the manifest lists is there (cheap: no checksum, which :func:`load` takes):
+    a part deleted since is one line before anything starts."""
+    missing = [name for name in manifest(path, what)["files"] if not (Path(path) / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{what}: checkpoint '{path}' is incomplete ({', '.join(missing)} missing); "
+                              f"{_earlier(path, what)}")
+
+
+def _earlier(path: Path, what: str) -> str:
+    """How to go on from a damaged checkpoint: the newest one before it, if any."""
+    path = Path(path)
+    before = [c for c in sorted(path.parent.glob("step_*")) if c.name < path.name and (c / MANIFEST).is_file()]
+    if not before:
+        return "no earlier checkpoint is there"
+    return f"the one before it: {what} {before[-1]}" if what == "--resume" else f"the one before it: {before[-1]}"
 
 
 def load(path: Path, only: tuple[str, ...] | None = None, what: str = "--resume") -> tuple[int, dict[str, Any]]:
     """Verify and load a checkpoint folder (``only``: just these parts) -> (step, parts)."""
-    manifest = json.loads((path / MANIFEST).read_text())
+    path = Path(path)
+    record = manifest(path, what)
     parts = {}
-    for fname, digest in manifest["files"].items():
+    for fname, digest in record["files"].items():
         if only is not None and fname[: -len(".pt")] not in only:
             continue
         fpath = path / fname
-        if not fpath.is_file() or _sha256(fpath) != digest:
-            raise CheckpointError(f"{what}: checkpoint '{path}' is corrupt ({fname} fails its checksum)")
+        if not fpath.is_file():
+            raise CheckpointError(f"{what}: checkpoint '{path}' is incomplete ({fname} missing); "
+                                  f"{_earlier(path, what)}")
+        if _sha256(fpath) != digest:
+            raise CheckpointError(f"{what}: checkpoint '{path}' is corrupt ({fname} fails its checksum); "
+                                  f"{_earlier(path, what)}")
         parts[fname[: -len(".pt")]] = _load_data(fpath, path, fname, what)
-    return int(manifest["step"]), parts
+    return record["step"], parts
 
 
 def _load_data(fpath: Path, path: Path, fname: str, what: str) -> Any:

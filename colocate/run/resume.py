@@ -78,8 +78,21 @@ def load_run_config(resume: str | Path, path: str | Path | None = None, override
                           "resume it from Python: api.train(cfg, resume=...) with the run's settings")
     base = dataclasses.replace(saved, run=dataclasses.replace(saved.run, out_dir=str(run_dir)))
     cfg = load_config(path, list(overrides), base=base)
-    _refuse_fixed(config_changes(saved, cfg))
+    _refuse_fixed(_fixed_changes(saved, cfg, checkpoint.manifest(checkpoint.latest(Path(resume)))))
     return cfg
+
+
+def _fixed_changes(saved: Config | None, cfg: Config, record: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The :data:`FIXED` keys ``cfg`` changes: the models against what the checkpoint's
+    manifest (``record``) says it was trained from, which a ``config.json`` edited since
+    cannot hide (nor fake: a config.json set back to them resumes), the rest against the
+    run's ``config.json`` (``saved``; None: none there)."""
+    recorded = {f"models.{key}": value for key, value in record["meta"].get("models", {}).items()
+                if f"models.{key}" in FIXED and hasattr(cfg.models, key)}
+    trained_from = [(key, value, getattr(cfg.models, key.split(".")[1])) for key, value in recorded.items()
+                    if not _same(key, value, getattr(cfg.models, key.split(".")[1]))]
+    changes = config_changes(saved, cfg) if saved is not None else []
+    return [c for c in changes if c[0] in FIXED and c[0] not in recorded] + trained_from
 
 
 def config_changes(saved: Config, cfg: Config) -> list[tuple[str, Any, Any]]:
@@ -111,16 +124,18 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
     keeps the run's :data:`FIXED` keys; every other change vs its ``config.json`` is logged in one line."""
     run_dir = run_folder(resume)
     where = checkpoint.latest(Path(resume))
-    step = int(checkpoint.manifest(where)["step"])
+    checkpoint.check_complete(where)  # a part deleted since: one line now, not after the engines start
+    record = checkpoint.manifest(where)
+    step = record["step"]
     if cfg.run.steps <= step:
         raise ConfigError(f"run.steps is {cfg.run.steps} and the checkpoint '{where}' is at step {step}: "
                           f"nothing to run; raise it (run.steps is the total), e.g. --set run.steps={step + 10}")
     saved = saved_config(run_dir)
+    _refuse_fixed(_fixed_changes(saved, cfg, record))
     if saved is None:
         log(f"resume: no config.json in {run_dir}; the config is not compared with the run's")
         return
     changes = config_changes(saved, cfg)
-    _refuse_fixed(changes)
     if changes:
         log("resume: changed " + ", ".join(f"{key} {a} -> {b}" for key, a, b in changes))
 

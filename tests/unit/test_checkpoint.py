@@ -34,6 +34,36 @@ def test_corrupt_file_is_refused_with_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text, said", [
+    ("{", "has an unreadable manifest.json (Expecting property name enclosed in double quotes: line 1 column 2 "
+          "(char 1))"),
+    ("[]", "has a damaged manifest.json (not the step, files and meta colocate writes)"),
+    ('{"step": "two", "files": {}}', "has a damaged manifest.json (not the step, files and meta colocate writes)"),
+    ('{"step": 2, "files": {"w.pt": 3}}', "has a damaged manifest.json (not the step, files and meta colocate writes)"),
+])
+def test_a_damaged_manifest_is_one_line_naming_the_checkpoint_before_it(tmp_path, text, said):
+    """Before: a JSONDecodeError, KeyError or TypeError traceback (a hand-edited manifest)."""
+    checkpoint.save(tmp_path, 1, {"w": torch.zeros(4)}, keep=5)
+    newest = checkpoint.save(tmp_path, 2, {"w": torch.ones(4)}, keep=5)
+    (newest / checkpoint.MANIFEST).write_text(text)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(newest)
+    assert str(e.value) == f"--resume: checkpoint '{newest}' {said}; the one before it: --resume {tmp_path / 'step_00000001'}"
+
+
+def test_a_deleted_part_is_said_before_anything_starts_and_is_not_called_corrupt(tmp_path):
+    path = checkpoint.save(tmp_path, 1, {"w": torch.zeros(4), "v": torch.zeros(1)})
+    checkpoint.check_complete(path)  # all there
+    (path / "w.pt").unlink()
+    said = f"--resume: checkpoint '{path}' is incomplete (w.pt missing); no earlier checkpoint is there"
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.check_complete(path)  # (resume.check_resume, before any engine)
+    assert str(e.value) == said
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == said
+
+
 def test_missing_checkpoint_is_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="--resume: no checkpoint"):
         checkpoint.latest(tmp_path)

@@ -3,7 +3,9 @@ a checkpoint of other models refused in one line (no engines: fake run folders).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -85,6 +87,29 @@ def test_api_config_is_checked_against_the_run_and_changes_logged_in_one_line(tm
     other = load_config(overrides=[*RUN, "models.actor=/models/b", f"run.out_dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match=r"^models.actor cannot change .*'/models/a'.*'/models/b'"):
         resume.check_resume(other, tmp_path / "run", lines.append)
+
+
+def test_the_models_are_checked_against_the_checkpoints_record_not_an_edited_config_json(tmp_path):
+    """Before: a config.json edited to another actor resumed on it silently (the manifest's
+    record of the models was only read to name them in a shape mismatch)."""
+    cfg = load_config(overrides=[*RUN, f"run.out_dir={tmp_path / 'run'}"])
+    make_run(tmp_path / "run", meta={"models": dataclasses.asdict(cfg.models)})
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved["models"]["actor"] = "/models/b"
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    said = "models.actor cannot change when resuming (the run has '/models/a', this config '/models/b')"
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}"):
+        resume.load_run_config(tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}"):
+        resume.check_resume(load_config(overrides=[*RUN, "models.actor=/models/b", f"run.out_dir={tmp_path / 'run'}"]),
+                            tmp_path / "run", print)
+    # the checkpoint's own models: accepted, config.json's edit named as a change
+    repaired = resume.load_run_config(tmp_path / "run", overrides=["models.actor=/models/a"])
+    assert repaired.models.actor == "/models/a"
+    lines = []
+    resume.check_resume(dataclasses.replace(repaired, run=dataclasses.replace(repaired.run, steps=7)),
+                        tmp_path / "run", lines.append)
+    assert lines == ["resume: changed models.actor /models/b -> /models/a, run.steps 6 -> 7"]
 
 
 def test_a_finished_run_says_raise_run_steps(tmp_path):
