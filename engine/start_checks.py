@@ -98,7 +98,21 @@ def check_model(cfg, field: str) -> str:
             "the reward model must be a causal (decoder-only) sequence-classification "
             f"model, one of {sorted(CAUSAL_REWARD_ARCHS)}, so chunks can be scored incrementally"
         )
+    if cfg.role == "reward" and (labels := score_labels(model_config(cfg.model_path, field))) != 1:
+        raise EngineStartError(
+            f"{field}: '{cfg.model_path}' scores {labels} labels (its config.json's id2label/num_labels; "
+            "transformers' default is 2); a reward model gives one score: save it with num_labels=1")
     return arch
+
+
+def score_labels(config: Mapping[str, Any]) -> int:
+    """How many scores a sequence-classification config gives, as transformers reads it:
+    ``id2label``'s size, else ``num_labels``, else its default of 2."""
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        return len(id2label)
+    labels = config.get("num_labels")
+    return labels if isinstance(labels, int) else 2
 
 
 # What SGLang cannot run although its registry has the class, found by starting each
