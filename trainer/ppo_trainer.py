@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .advantages import actor_inputs, advantages as compute_advantages, critic_inputs, trained_mask
-from .errors import TrainerConfigError
+from .errors import ModelSourceError, TrainerConfigError
 from . import ppo_math
 from .batch import TrainBatch
 from .critic import ValueModel
@@ -78,9 +78,15 @@ class PPOTrainer:
             register_varlen_sdpa()
 
         def load_actor(trained: bool) -> nn.Module:
-            model = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32,
-                                                         trust_remote_code=settings.trust_remote_code,
-                                                         attn_implementation=settings.attn_implementation)
+            model, loaded = AutoModelForCausalLM.from_pretrained(settings.actor_path, dtype=torch.float32,
+                                                                 trust_remote_code=settings.trust_remote_code,
+                                                                 attn_implementation=settings.attn_implementation,
+                                                                 output_loading_info=True)
+            if missing := sorted(loaded.get("missing_keys") or ()):  # transformers would start them at random
+                raise ModelSourceError(
+                    f"models.actor: '{settings.actor_path}' lacks {len(missing)} weight(s) its "
+                    f"{type(model).__name__} needs (e.g. {missing[0]}), which transformers would start at "
+                    "random; use a complete model folder (re-save it with save_pretrained)")
             if trained:
                 model = _trainable(model, settings, settings.lora.on_actor)
             model = shard_model(model.eval(), self.dist, compute)

@@ -151,3 +151,24 @@ def test_install_atomically_keeps_the_old_folder_when_the_build_fails(tmp_path):
     models.install_atomically(target, build("two"), done=lambda: False)
     assert (target / "file").read_text() == "two"
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging or retired folders left
+
+
+def test_an_actor_folder_missing_a_weight_is_one_line_not_a_random_start(tmp_path, world1):
+    """Before: transformers started the missing tensor at random (its load report printed,
+    the run trained on), while the engine served the folder as it is."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from colocate.trainer.ppo_trainer import PPOTrainer
+    from colocate.trainer.settings import TrainerSettings
+
+    folder = Path(shutil.copytree(random_models.build_tiny_causal_lm(tmp_path / "lm", seed=3), tmp_path / "cut"))
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.0.self_attn.q_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelSourceError) as e:
+        PPOTrainer(TrainerSettings(actor_path=str(folder)), world1)
+    assert str(e.value) == (f"models.actor: '{folder}' lacks 1 weight(s) its LlamaForCausalLM needs (e.g. "
+                            "model.layers.0.self_attn.q_proj.weight), which transformers would start at random; "
+                            "use a complete model folder (re-save it with save_pretrained)")
