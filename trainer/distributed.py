@@ -142,7 +142,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
     layers: dict[str, nn.Module] = {}
     for name, module in model.named_modules():  # the outermost: FSDP shards a block once, before its owner
-        if type(module).__name__ in blocks and not any(name.startswith(f"{outer}.") for outer in layers):
+        declared = any(cls.__name__ in blocks for cls in type(module).__mro__)  # sharded: FSDP's subclass of it
+        if declared and not any(name.startswith(f"{outer}.") for outer in layers):
             layers[name] = module
     if not layers:
         raise TypeError(f"{type(model).__name__} declares no decoder layer classes (_no_split_modules) to shard")

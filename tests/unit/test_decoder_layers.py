@@ -59,6 +59,16 @@ def test_a_declared_block_inside_another_is_sharded_with_it_not_again():
     assert decoder_layers(model) == [model.blocks[0], model.blocks[1], model.head]
 
 
+def test_a_sharded_models_blocks_are_found_again(world1):
+    """FSDP swaps each sharded module's class for a subclass (FSDPLlamaDecoderLayer)."""
+    from colocate.trainer.distributed import shard_model
+
+    model = LlamaForCausalLM(LlamaConfig(intermediate_size=64, **SMALL))
+    layers = decoder_layers(model)
+    shard_model(model, world1)
+    assert type(layers[0]).__name__ == "FSDPLlamaDecoderLayer" and decoder_layers(model) == layers
+
+
 def test_a_model_that_declares_no_blocks_is_one_line():
     with pytest.raises(TypeError, match=r"^Linear declares no decoder layer classes \(_no_split_modules\) to shard$"):
         decoder_layers(nn.Linear(2, 2))
