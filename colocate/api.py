@@ -92,47 +92,37 @@ class StartInterrupted(ColocateError):
 
 
 @contextlib.contextmanager
-def _signals_interrupt(caught: list[str]):
-    """SIGINT and SIGTERM interrupt a run's start (a ``KeyboardInterrupt``, main thread only;
-    the signal's name appended to ``caught``), so it unwinds as from any failure and the
-    engines started so far shut down with their processes. Before, a SIGTERM (a job
-    scheduler's, or torchrun's once another rank failed) killed the process at once, and
-    SGLang's processes still importing outlived it."""
+def _signals_to(handler: Callable[[int, Any], None]):
+    """``handler`` takes SIGINT and SIGTERM (main thread only; the old handlers back after).
+
+    While a run starts it interrupts the start (:func:`_interrupting`); while it trains it is
+    the run's :class:`StopRequest`. SGLang's own SIGTERM handler (drain, then exit the process
+    without a checkpoint) is already off the engines' event loop (``engine.in_process``). The
+    handler is a plain Python one, not a loop one: the engines' loop is uvloop, which only
+    dispatches loop signal handlers while it runs, and training happens between its runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, handler) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig in sigs:
+            signal.signal(sig, old[sig])
 
-    def interrupt(signum, frame) -> None:
+
+def _interrupting(caught: list[str]) -> Callable[[int, Any], None]:
+    """A handler that interrupts a run's start (a ``KeyboardInterrupt``; the signal's name
+    appended to ``caught``), so it unwinds as from any failure and the engines started so far
+    shut down with their processes. Before, a SIGTERM (a job scheduler's, or torchrun's once
+    another rank failed) killed the process at once, and SGLang's processes still importing
+    outlived it."""
+    def interrupt(signum: int, frame: Any) -> None:
         caught.append(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {sig: signal.signal(sig, interrupt) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig in sigs:
-            signal.signal(sig, old[sig])
-
-
-@contextlib.contextmanager
-def _signals_stop(stop: StopRequest):
-    """Route SIGINT/SIGTERM to ``stop`` while training (main thread only).
-
-    SGLang's own SIGTERM handler (drain, then exit the process without a checkpoint) is
-    already off the engines' event loop (``engine.in_process``). The handler is a plain
-    Python one, not a loop one: the engines' loop is uvloop, which only dispatches loop
-    signal handlers while it runs, and training happens between its runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {sig: signal.signal(sig, stop) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig in sigs:
-            signal.signal(sig, old[sig])
+    return interrupt
 
 
 def export_actor(run: str | Path, out: str | Path | None = None, adapter: str | Path | None = None,
@@ -204,7 +194,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     # rank 0 holds run.out_dir for the run: one line if it holds an earlier run or another run holds it
     caught: list[str] = []
     try:
-        with _signals_interrupt(caught):
+        with _signals_to(_interrupting(caught)):
             session = builder.build(cfg, resume=resume, reward_fns=reward_fns, log=log, engines=engines, env=env,
                                     claim=True)
     except KeyboardInterrupt:
@@ -214,7 +204,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     progress = None
     # over the run's end too: a SIGTERM then (torchrun's, once another rank has failed) waits
     # until the engines are shut down and this rank's own error is raised for its line
-    with _signals_stop(stop):
+    with _signals_to(stop):
         try:
             if session.is_main:
                 _write_run_files(session)
