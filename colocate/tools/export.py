@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -91,6 +92,9 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
     lora = lora_section(run_dir)
     if adapter_dir is not None:
         _check_adapter_request(adapter_dir, target, lora, run_dir)
+    for folder, option in ((target, "--out"), (adapter_dir, "--adapter")):
+        if folder is not None:
+            check_replaceable(folder, option, read=(run_dir, ckpt, Path(base_actor(run_dir))))
     wanted = [(target, MODEL_FILES)] + ([(adapter_dir, ADAPTER_FILES)] if adapter_dir is not None else [])
     if reuse and all(_fresh(folder, ckpt, files) for folder, files in wanted):
         return target
@@ -180,15 +184,48 @@ def _mismatch(state: dict[str, Any], own: dict[str, Any], optional: set[str] = f
     return f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {resized[:3]}"
 
 
+# what a model's or an adapter's save_pretrained writes: an export replaces a folder of these only
+SAVED_FILES = re.compile(r"(config|generation_config|adapter_config|tokenizer|tokenizer_config|special_tokens_map"
+                         r"|added_tokens|vocab|preprocessor_config)\.json|.*\.safetensors|.*\.safetensors\.index\.json"
+                         r"|chat_template\.jinja|merges\.txt|tokenizer\.model|README\.md")
+
+
+def check_replaceable(folder: Path, option: str, read: Sequence[Path] = ()) -> None:
+    """An export replaces ``folder`` (``option`` names it): one line unless it is new, empty
+    or a model's files only (an earlier export), and unless it is not one of the folders
+    the export ``read``s (the run, its checkpoint, the base model) nor holds one. Before, an
+    ``--out`` naming the run folder replaced it, checkpoints and all, with exit 0."""
+    where = folder.expanduser().resolve()
+    for source in read:
+        if where == source.expanduser().resolve() or source.expanduser().resolve().is_relative_to(where):
+            raise ConfigError(f"export: {option} '{folder}' is or holds '{source}', which the export reads; an export "
+                              "replaces the folder it writes: give a new folder")
+    if where.is_dir():
+        others = sorted(p.name + ("/" if p.is_dir() else "") for p in where.iterdir()
+                        if p.is_dir() or not SAVED_FILES.fullmatch(p.name))
+        if others:
+            raise ConfigError(f"export: {option} '{folder}' holds {', '.join(others[:3])}"
+                              f"{', …' if len(others) > 3 else ''}, not a model's files only; an export replaces the "
+                              "folder it writes: give a new or empty folder, or an earlier export")
+
+
 def _write(folder: Path, save: Callable[[Path], Any]) -> None:
-    """``save`` into a temporary sibling of ``folder``, then renamed into its place."""
+    """``save`` into a temporary sibling of ``folder``, then renamed into its place (a folder
+    :func:`check_replaceable` let through); a folder that cannot be written is one line."""
     tmp = folder.parent / f".tmp_{folder.name}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, folder)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        save(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        blocking = next((f for f in (folder, *folder.parents) if f.exists() and not f.is_dir()), None)
+        why = (f"'{blocking}' is a file" if blocking is not None
+               else os.strerror(exc.errno).lower() if exc.errno else str(exc))
+        raise ConfigError(f"export: cannot write '{folder}' ({why}); give a folder you can write") from None
 
 
 def _fresh(folder: Path, ckpt: Path, files: tuple[str, str]) -> bool:

@@ -91,3 +91,28 @@ def test_export_errors_name_the_problem(tmp_path):
     (run / "config.json").write_text(json.dumps({"models": {"actor": str(other)}}))
     with pytest.raises(ConfigError, match=r"^export: checkpoint .* does not fit the base actor"):
         export_actor(run)
+
+
+def test_an_export_never_replaces_the_run_the_base_or_a_folder_of_other_files(tmp_path):
+    """Before: `--out` naming the run folder (or its checkpoints, or a folder of the user's)
+    replaced it with the exported model, exit 0: every checkpoint gone."""
+    base, model = _tied_base(tmp_path)
+    run = _fake_run(tmp_path, base, model.state_dict())
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("notes")
+    for out, said in ((run, f"is or holds '{run}', which the export reads"),
+                      (run / "checkpoints", f"is or holds '{run / 'checkpoints' / 'step_00000003'}', which the export"),
+                      (tmp_path, f"is or holds '{run}', which the export reads"),
+                      (base, f"is or holds '{base}', which the export reads"),
+                      (tmp_path / "mine", "holds keep.txt, not a model's files only; an export replaces the folder it "
+                                          "writes: give a new or empty folder, or an earlier export")):
+        with pytest.raises(ConfigError) as e:
+            export_actor(run, out)
+        assert str(e.value).startswith(f"export: --out '{out}' {said}"), str(e.value)
+    assert (run / "checkpoints" / "step_00000003" / checkpoint.MANIFEST).is_file()
+    assert (tmp_path / "mine" / "keep.txt").read_text() == "notes"
+    first = export_actor(run, tmp_path / "exported")
+    assert export_actor(run, first, reuse=False) == first  # an earlier export: replaced
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"^export: cannot write '.*afile/sub' \('.*afile' is a file\); give a folder"):
+        export_actor(run, tmp_path / "afile" / "sub")
