@@ -9,6 +9,7 @@ Leaves out: the engine (``engine.runtime``), the export (``colocate.tools.export
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -61,7 +62,7 @@ def check(prompts: Sequence[str], opts: SampleOptions) -> None:
     problems = [
         (bool(prompts), "no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE"),
         (opts.max_new_tokens >= 1, f"--max-new-tokens {opts.max_new_tokens}: must be >= 1"),
-        (opts.temperature >= 0, f"--temperature {opts.temperature}: must be >= 0 (0 is greedy)"),
+        (0 <= opts.temperature < math.inf, f"--temperature {opts.temperature}: must be >= 0 and finite (0 is greedy)"),
         (0 < opts.top_p <= 1, f"--top-p {opts.top_p}: must be in (0, 1]"),
     ]
     for ok, message in problems:

@@ -82,6 +82,7 @@ def test_cli_export_and_generate(trained_run, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["generate", "{run}"], "no prompts: pass --prompt"),
     (["generate", "{run}", "--prompt", "x", "--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+    (["generate", "{run}", "--prompt", "x", "--temperature", "inf"], "--temperature inf: must be >= 0 and finite"),
     (["generate", "/no/such/model", "--prompt", "x"], "model: '/no/such/model' is neither a model folder"),
     (["export", "{empty}"], "export: no checkpoint under"),
 ])
