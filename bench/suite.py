@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from colocate.bench import contention, convergence, limit, plots, report, reques
 from colocate.bench.contention import GuardOptions, guarded
 from colocate.bench.convergence import ConvergenceOptions
 from colocate.bench.models import shaped_models
+from colocate.errors import ConfigError
 from colocate.bench.workloads import (MODES, MULTI_TURN, PRESETS, Preset, small_models, workload_models, workload_overrides,
                                       workload_reward_fns)
 from colocate.run.builder import run_device, trainer_dtype
@@ -206,7 +208,12 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
     deadline = time.monotonic() + opts.budget_s if opts.budget_s > 0 else None  # the models' build counts
     preset = _preset(opts)
     out = Path(opts.out_dir or f"runs/bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is there" if out.exists() or any(f.is_file() for f in out.parents) else os.strerror(exc.errno or 0)
+        raise ConfigError(f"--out '{out}': cannot make the report folder ({why.lower()}); give a folder you can "
+                          "write") from None
     actor, rm = _models(preset, out)
     env = environment()
     guard = opts.guard if contention.available() else None

@@ -11,6 +11,7 @@ import pytest
 from colocate.bench.report import contention_line, markdown, peer_ratio, summarize, uncontended
 from colocate.bench.suite import BenchOptions, _config, _peer_command, peer_dtype, peer_group, peer_key, peer_shape
 from colocate.bench.workloads import PRESETS, workload_overrides
+from colocate.errors import ConfigError
 
 
 def _rec(mode: str, rep: int, samples_per_s: float, others: float | None = None, limit: float = 0.25) -> dict:
@@ -269,3 +270,14 @@ def test_the_gpu_memory_table_gives_the_release_beyond_the_engines_cuda_contexts
     no_ctx = markdown("w", summarize(records, {}, ["sequential"]), None, {})
     assert "| 0.797 [0.789–0.805] | n/a | 75.65 [75.65–75.65] | 29.50 [29.50–29.50] |" in no_ctx
     assert "released GiB" not in markdown("w", summarize([_rec("sequential", 0, 6.0)], {}, ["sequential"]), None, {})
+
+
+def test_a_report_folder_that_cannot_be_made_is_one_line_before_any_model(tmp_path):
+    """Before: a FileExistsError/FileNotFoundError traceback from the folder's mkdir."""
+    from colocate.bench.suite import run
+
+    (tmp_path / "afile").write_text("x")
+    for out, why in ((tmp_path / "afile", "a file is there"), (tmp_path / "afile" / "sub", "a file is there")):
+        with pytest.raises(ConfigError) as e:
+            run(BenchOptions(out_dir=str(out)), log=lambda line: None)
+        assert str(e.value) == f"--out '{out}': cannot make the report folder ({why}); give a folder you can write"

@@ -172,3 +172,13 @@ def test_an_actor_folder_missing_a_weight_is_one_line_not_a_random_start(tmp_pat
     assert str(e.value) == (f"models.actor: '{folder}' lacks 1 weight(s) its LlamaForCausalLM needs (e.g. "
                             "model.layers.0.self_attn.q_proj.weight), which transformers would start at random; "
                             "use a complete model folder (re-save it with save_pretrained)")
+
+
+def test_an_unwritable_model_cache_is_one_line_naming_the_setting(tmp_path):
+    """Before: a FileNotFoundError/NotADirectoryError traceback from the cache's mkdir."""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "colocate" / "models" / "smollm2"
+    with pytest.raises(ModelSourceError) as e:
+        models.install_atomically(target, lambda staging: None, done=lambda: False)
+    assert str(e.value) == (f"cannot write the model cache '{target.parent}' ('{tmp_path / 'afile'}' is a file); set "
+                            "XDG_CACHE_HOME to a folder you can write (the cache is $XDG_CACHE_HOME/colocate)")
