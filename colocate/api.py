@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colocate.config import Config, to_dict
-from colocate.errors import ColocateError
+from colocate.errors import ColocateError, ConfigError
 from colocate.assets.model_aliases import model_aliases
 from colocate.engine.pool import EnginePool  # engines kept across runs: api.train(..., engines=pool)
 from colocate.monitor.metrics import read, run_summary
@@ -148,6 +148,14 @@ def generate(model: str | Path, prompts: Sequence[str], log: Callable[[str], Non
     return sample(str(model), list(prompts), SampleOptions(**options), log)
 
 
+def _check_config(cfg: Any) -> None:
+    """A config that is not a :class:`Config` (a dict, a path) is one line, not an
+    AttributeError from deep inside the run."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"cfg: a {type(cfg).__name__}, not a colocate Config; build one with "
+                          "colocate.config.load_config(path, overrides) or Config()")
+
+
 def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env: Environment | None = None):
     """What ``train`` (on ``nproc`` processes of this node) checks before its first engine
     starts, run alone, no engine started (``colocate train --check``): the config against
@@ -157,6 +165,7 @@ def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env:
     run's one-line error; returns a ``colocate.run.dry_run.CheckReport`` (``describe()``)."""
     from colocate.run import dry_run  # here, not at the top: it brings torch and transformers
 
+    _check_config(cfg)
     if resume is not None:
         from colocate.run.resume import check_resume
 
@@ -184,6 +193,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     one ``rollout.env`` names, if any; docs/environments.md)."""
     from colocate.run import builder, loop  # here, not at the top: they bring torch and transformers
 
+    _check_config(cfg)
     check_main_guard(sys.modules["__main__"])
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))

@@ -50,10 +50,16 @@ def load_environment(spec: str) -> Environment:
                 f"{FIELD}={name}: calling {attr}() failed ({first_line(exc)}); "
                 "it must build the environment with no arguments"
             ) from None
+    return check_environment(obj, f"{FIELD}={name}")
+
+
+def check_environment(obj: Any, where: str) -> Environment:
+    """``obj`` if it has what an environment needs, else one line naming ``where`` it came
+    from (``rollout.env``, or the API's ``env``)."""
     missing = _missing(obj)
     if missing:
         raise ConfigError(
-            f"{FIELD}={name}: {type(obj).__name__} is not an environment (no {missing}); "
+            f"{where}: {type(obj).__name__} is not an environment (no {missing}); "
             "it needs a str name, a str instruction and a step(record, history) method"
         )
     return obj

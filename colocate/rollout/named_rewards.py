@@ -3,8 +3,9 @@
 
 Owns: each rule name's function (``vader``, ``reasoning-gym``, ``math``), and loading each
 ``reward.fns`` entry once at start with the check that it can be called as the API's
-reward functions are, ``fn(record, text)`` (or with ``messages=``), sync or async; every
-failure is one :class:`ConfigError` line naming the field and the entry.
+reward functions are, ``fn(record, text)`` (or with ``messages=``), sync or async
+(:func:`check_reward_fn`, which checks the API's ``reward_fns`` too); every failure is one
+:class:`ConfigError` line naming the field and the entry.
 
 Leaves out: the error policy and calling convention (``colocate.rollout.reward_fns``),
 summing the reward (``colocate.rollout.scoring``), the rules themselves
@@ -15,6 +16,7 @@ summing the reward (``colocate.rollout.scoring``), the rules themselves
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from colocate.assets import tasks
 from colocate.assets.math_rule import math_reward
@@ -50,7 +52,12 @@ def rule_fn(name: str, source: str) -> RewardFn:
 def load_reward_fn(spec: str) -> RewardFn:
     """The reward function ``spec`` names, checked to take ``(record, text)``."""
     fn = load_attribute(spec, FIELD, f"name {_SHAPE} defined there")
-    where = f"{FIELD}={spec.strip()}"
+    return check_reward_fn(fn, f"{FIELD}={spec.strip()}")
+
+
+def check_reward_fn(fn: Any, where: str) -> RewardFn:
+    """``fn`` if it can be called as ``fn(record, text)``, else one line naming ``where`` it
+    came from (``reward.fns``, or the API's ``reward_fns``)."""
     if isinstance(fn, type):
         raise ConfigError(f"{where}: {fn.__name__} is a class; name {_SHAPE} (or an instance with __call__)")
     if not callable(fn):

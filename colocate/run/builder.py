@@ -20,7 +20,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -34,15 +34,15 @@ from colocate.engine.start_checks import check_remote_code, check_startable, rea
 from colocate.monitor.timeline import Timeline
 from colocate.errors import ConfigError, config_terms
 from colocate.rollout.env import Environment
-from colocate.rollout.environments import load_environment
+from colocate.rollout.environments import check_environment, load_environment
 from colocate.rollout.evaluation import held_out_note, split_held_out
 from colocate.run.engines import RankEngines
 from colocate.run.guards import check_world_size
 from colocate.assets.model_aliases import resolve_model
 from colocate.run.placement import Placement, placement_of
 from colocate.run.preflight import check_contexts, check_reads_actor_ids, load_tokenizer
-from colocate.rollout.named_rewards import named_reward_fns
-from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, guarded
+from colocate.rollout.named_rewards import check_reward_fn, named_reward_fns
+from colocate.rollout.reward_fns import RewardFn, RewardFnErrors, fn_name, guarded
 from colocate.rollout.data_source import DataSource
 from colocate.rollout.rollouts import Rollouts
 from colocate.rollout.turns import EnvErrors, EnvTurns, ObservationTemplate
@@ -224,8 +224,8 @@ def environment(cfg: Config, env: Environment | None) -> Environment | None:
     """The run's environment: ``env`` (the API's), or the one ``rollout.env`` names; None:
     single responses."""
     if env is None and cfg.rollout.env:
-        env = load_environment(cfg.rollout.env)
-    return env
+        return load_environment(cfg.rollout.env)
+    return check_environment(env, "env") if env is not None else None
 
 
 def _data(cfg: Config, tokenizer, instruction: str = ""):
@@ -245,7 +245,15 @@ def _data(cfg: Config, tokenizer, instruction: str = ""):
 
 
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
-    """The API's functions, then the rules and functions the config names (loaded here, once)."""
+    """The API's functions (checked as ``reward.fns``' are), then the rules and functions the
+    config names (loaded here, once)."""
+    if callable(extra):
+        raise ConfigError(f"reward_fns: one function ({fn_name(extra)}), not a list of them; pass "
+                          f"reward_fns=[{fn_name(extra)}]")
+    if isinstance(extra, (str, bytes)) or not isinstance(extra, Iterable):
+        raise ConfigError(f"reward_fns: a {type(extra).__name__}, not a list of reward functions; pass "
+                          "reward_fns=[fn, ...]")
+    extra = [check_reward_fn(fn, f"reward_fns[{i}]") for i, fn in enumerate(extra)]
     return [*extra, *named_reward_fns(cfg.reward, cfg.data.source)]
 
 

@@ -1,0 +1,64 @@
+"""What the Python API is handed is checked as the CLI's config is, before any engine:
+reward functions, an environment, the config itself (before: ``reward_fns=[42]`` or an
+environment without ``step`` failed ~60 s in, after the engines started and the first
+rollout ran; a dict for ``cfg`` was an AttributeError from inside the run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocate import api
+from colocate.config import load_config
+from colocate.errors import ConfigError
+from colocate.run.builder import _reward_fns, environment
+
+CFG = load_config(overrides=["reward.kind=rule", "reward.rule=vader"])
+
+
+def good(record, text):
+    return 0.0
+
+
+@pytest.mark.parametrize("fns, said", [
+    ([42], "reward_fns[0]: int '42' is not callable; name a reward function fn(record, text)"),
+    ([good, lambda: 0.0], "reward_fns[1]: <lambda>() cannot be called as fn(record, text) (too many positional "
+                          "arguments)"),
+    (good, "reward_fns: one function (good), not a list of them; pass reward_fns=[good]"),
+    ("good", "reward_fns: a str, not a list of reward functions; pass reward_fns=[fn, ...]"),
+])
+def test_bad_reward_fns_are_one_line(fns, said):
+    with pytest.raises(ConfigError) as e:
+        _reward_fns(CFG, fns)
+    assert str(e.value).startswith(said), str(e.value)
+
+
+def test_good_reward_fns_come_first_then_the_configs():
+    fns = _reward_fns(CFG, (good,))
+    assert fns[0] is good and len(fns) == 2  # and vader's rule
+
+
+class _NoStep:
+    name, instruction = "calc", "use the tool"
+
+
+class _NumberInstruction(_NoStep):
+    instruction = 5
+
+    def step(self, record, history):
+        return None
+
+
+@pytest.mark.parametrize("env, lacks", [(_NoStep(), "step method"), (_NumberInstruction(), "str instruction")])
+def test_an_environment_missing_its_protocol_is_one_line(env, lacks):
+    with pytest.raises(ConfigError) as e:
+        environment(CFG, env)
+    assert str(e.value) == (f"env: {type(env).__name__} is not an environment (no {lacks}); it needs a str name, "
+                            "a str instruction and a step(record, history) method")
+
+
+@pytest.mark.parametrize("call", [api.check, api.train])
+def test_a_config_that_is_not_a_config_is_one_line(call):
+    with pytest.raises(ConfigError) as e:
+        call({"run": {"steps": 1}})
+    assert str(e.value) == ("cfg: a dict, not a colocate Config; build one with "
+                            "colocate.config.load_config(path, overrides) or Config()")
