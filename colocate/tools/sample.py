@@ -76,13 +76,19 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     gets a line for what was loaded (a run's export, the engine) and how long it took."""
     # here, not at the top: transformers (also via builder and session) would slow the CLI's start
     from colocate.run.builder import engine_configs
-    from colocate.run.preflight import load_tokenizer
+    from colocate.run.preflight import load_tokenizer, model_context_length
     from colocate.run.session import stop_ids
 
     check(prompts, opts)
     folder = model_folder(model, log)
     tokenizer = load_tokenizer(folder, "model")
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
+    context, where = model_context_length(folder)
+    longest = max(len(x) for x in ids)
+    if longest + opts.max_new_tokens > context:  # one line before the engine starts, not a refusal after
+        raise ConfigError(f"the longest prompt is {longest} tokens and --max-new-tokens {opts.max_new_tokens}: "
+                          f"{longest + opts.max_new_tokens} > the model's context of {context} tokens ({where}); "
+                          "shorten the prompt or lower --max-new-tokens")
     stop = stop_ids(tokenizer)
     cfg = load_config(overrides=[f"engines.device={opts.device}", f"models.dtype={opts.dtype}",
                                  f"run.seed={opts.seed}",  # the engine settings training would use,

@@ -83,6 +83,7 @@ def test_cli_export_and_generate(trained_run, tmp_path):
     (["generate", "{run}"], "no prompts: pass --prompt"),
     (["generate", "{run}", "--prompt", "x", "--temperature", "-1"], "--temperature -1.0: must be >= 0"),
     (["generate", "{run}", "--prompt", "x", "--temperature", "inf"], "--temperature inf: must be >= 0 and finite"),
+    (["generate", "{run}", "--prompt", "x", "--max-new-tokens", "100000"], "> the model's context of"),  # no engine
     (["generate", "/no/such/model", "--prompt", "x"], "model: '/no/such/model' is neither a model folder"),
     (["export", "{empty}"], "export: no checkpoint under"),
 ])
