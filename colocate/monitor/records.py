@@ -53,23 +53,33 @@ def append_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 def _end_torn(path: Path, size: int) -> int:
-    """Cut off a last line a kill left without its newline (a record cut short), so the
-    next record starts a line of its own; returns the file's size after."""
+    """End a last line a kill left without its newline, so the next record starts a line of
+    its own: a record cut short is cut off, a whole one (only its newline lost) kept; returns
+    the file's size after."""
     with path.open("rb+") as f:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return size
-        end = size
+        cut, end = 0, size
         while end > 0:
             start = max(0, end - 65536)
             f.seek(start)
             newline = f.read(end - start).rfind(b"\n")
             if newline >= 0:
-                f.truncate(start + newline + 1)
-                return start + newline + 1
+                cut = start + newline + 1
+                break
             end = start
-        f.truncate(0)
-        return 0
+        f.seek(cut)
+        try:
+            whole = isinstance(json.loads(f.read(size - cut)), dict)
+        except ValueError:
+            whole = False
+        if whole:
+            f.seek(size)
+            f.write(b"\n")
+            return size + 1
+        f.truncate(cut)
+        return cut
 
 
 def _cut_back(path: Path, size: int) -> None:

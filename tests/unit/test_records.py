@@ -31,6 +31,10 @@ def test_a_last_line_cut_short_is_left_out_and_the_next_append_cuts_it_off(tmp_p
     path.write_text('{"step": 1')  # torn with no line before it
     append_jsonl(path, [{"step": 1}])
     assert path.read_text() == '{"step": 1}\n'
+    path.write_text('{"step": 1}\n{"step": 2}')  # a whole record, only its newline lost: kept
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    append_jsonl(path, [{"step": 3}])
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
 
 
 @pytest.mark.parametrize("line, said", [
