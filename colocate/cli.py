@@ -259,8 +259,8 @@ def prepare(skip_rm):
 @main.command()
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Folder to write: a new or empty one, or an earlier export, which it replaces "
-                   "(default: RUN/export/actor_step_XXXXXXXX).")
+              help="Folder to write: a new or empty one, or an earlier export (it holds colocate_export.json), "
+                   "which it replaces (default: RUN/export/actor_step_XXXXXXXX).")
 @click.option("--adapter", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="A LoRA run: also write its adapters as a PEFT adapter folder DIR "
                    "(peft.PeftModel.from_pretrained(base, DIR) loads it).")

@@ -94,7 +94,7 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
         _check_adapter_request(adapter_dir, target, lora, run_dir)
     for folder, option in ((target, "--out"), (adapter_dir, "--adapter")):
         if folder is not None:
-            check_replaceable(folder, option, read=(run_dir, ckpt, Path(base_actor(run_dir))))
+            check_replaceable(folder, option, read=(run_dir, ckpt, Path(base_actor(run_dir))), own=default_out(ckpt))
     wanted = [(target, MODEL_FILES)] + ([(adapter_dir, ADAPTER_FILES)] if adapter_dir is not None else [])
     if reuse and all(_fresh(folder, ckpt, files) for folder, files in wanted):
         return target
@@ -105,13 +105,14 @@ def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLi
     if lora.on_actor:
         wrapped = _lora_actor(base, state, lora, ckpt)
         if adapter_dir is not None:
-            _write(adapter_dir, wrapped.save_pretrained)
+            _write(adapter_dir, _marked(wrapped.save_pretrained, ckpt))
         model = wrapped.merge_and_unload()
     else:
         model = _full_actor(base, state, ckpt)
     log(loaded(f"actor of {ckpt.name}", sum(p.numel() for p in model.parameters()), time.perf_counter() - started))
     started = time.perf_counter()
-    _write(target, lambda tmp: (model.save_pretrained(tmp), AutoTokenizer.from_pretrained(base).save_pretrained(tmp)))
+    _write(target, _marked(lambda tmp: (model.save_pretrained(tmp), AutoTokenizer.from_pretrained(base).save_pretrained(tmp)),
+                           ckpt))
     mb = sum(f.stat().st_size for f in target.glob("*.safetensors")) / 2**20
     log(f"actor written: {mb:.3g} MB in {time.perf_counter() - started:.1f} s")
     return target
@@ -184,29 +185,36 @@ def _mismatch(state: dict[str, Any], own: dict[str, Any], optional: set[str] = f
     return f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shape {resized[:3]}"
 
 
-# what a model's or an adapter's save_pretrained writes: an export replaces a folder of these only
-SAVED_FILES = re.compile(r"(config|generation_config|adapter_config|tokenizer|tokenizer_config|special_tokens_map"
-                         r"|added_tokens|vocab|preprocessor_config)\.json|.*\.safetensors|.*\.safetensors\.index\.json"
-                         r"|chat_template\.jinja|merges\.txt|tokenizer\.model|README\.md")
+MARKER = "colocate_export.json"  # in every folder an export writes: which run and checkpoint it holds
 
 
-def check_replaceable(folder: Path, option: str, read: Sequence[Path] = ()) -> None:
-    """An export replaces ``folder`` (``option`` names it): one line unless it is new, empty
-    or a model's files only (an earlier export), and unless it is not one of the folders
-    the export ``read``s (the run, its checkpoint, the base model) nor holds one. Before, an
-    ``--out`` naming the run folder replaced it, checkpoints and all, with exit 0."""
+def check_replaceable(folder: Path, option: str, read: Sequence[Path] = (), own: Path | None = None) -> None:
+    """An export replaces ``folder`` (``option`` names it): one line unless it is new, empty,
+    an earlier export (its :data:`MARKER`) or ``own`` (the run's default export folder), and
+    unless it is not one of the folders the export ``read``s (the run, its checkpoint, the
+    base model) nor holds one. Before, an ``--out`` naming the run folder replaced it,
+    checkpoints and all, with exit 0; a folder of another model would have gone the same way."""
     where = folder.expanduser().resolve()
     for source in read:
         if where == source.expanduser().resolve() or source.expanduser().resolve().is_relative_to(where):
             raise ConfigError(f"export: {option} '{folder}' is or holds '{source}', which the export reads; an export "
                               "replaces the folder it writes: give a new folder")
-    if where.is_dir():
-        others = sorted(p.name + ("/" if p.is_dir() else "") for p in where.iterdir()
-                        if p.is_dir() or not SAVED_FILES.fullmatch(p.name))
-        if others:
-            raise ConfigError(f"export: {option} '{folder}' holds {', '.join(others[:3])}"
-                              f"{', …' if len(others) > 3 else ''}, not a model's files only; an export replaces the "
-                              "folder it writes: give a new or empty folder, or an earlier export")
+    if not where.is_dir() or (where / MARKER).is_file() or (own is not None and where == own.resolve()):
+        return
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in where.iterdir())
+    if held:
+        raise ConfigError(f"export: {option} '{folder}' holds {', '.join(held[:3])}{', …' if len(held) > 3 else ''}, "
+                          "which colocate did not export; an export replaces the folder it writes: give a new or "
+                          "empty folder, or an earlier export")
+
+
+def _marked(save: Callable[[Path], Any], ckpt: Path) -> Callable[[Path], None]:
+    """``save``, then the :data:`MARKER` of an export of ``ckpt``."""
+    def write(folder: Path) -> None:
+        save(folder)
+        (folder / MARKER).write_text(json.dumps({"run": str(run_dir_of(ckpt)), "checkpoint": ckpt.name}) + "\n")
+
+    return write
 
 
 def _write(folder: Path, save: Callable[[Path], Any]) -> None:

@@ -104,15 +104,22 @@ def test_an_export_never_replaces_the_run_the_base_or_a_folder_of_other_files(tm
                       (run / "checkpoints", f"is or holds '{run / 'checkpoints' / 'step_00000003'}', which the export"),
                       (tmp_path, f"is or holds '{run}', which the export reads"),
                       (base, f"is or holds '{base}', which the export reads"),
-                      (tmp_path / "mine", "holds keep.txt, not a model's files only; an export replaces the folder it "
-                                          "writes: give a new or empty folder, or an earlier export")):
+                      (tmp_path / "mine", "holds keep.txt, which colocate did not export; an export replaces the "
+                                          "folder it writes: give a new or empty folder, or an earlier export"),
+                      (tmp_path / "untied", "holds chat_template.jinja, config.json, generation_config.json, …, which "
+                                            "colocate did not export")):  # another model's folder
         with pytest.raises(ConfigError) as e:
             export_actor(run, out)
         assert str(e.value).startswith(f"export: --out '{out}' {said}"), str(e.value)
     assert (run / "checkpoints" / "step_00000003" / checkpoint.MANIFEST).is_file()
     assert (tmp_path / "mine" / "keep.txt").read_text() == "notes"
     first = export_actor(run, tmp_path / "exported")
+    assert json.loads((first / "colocate_export.json").read_text()) == {"run": str(run),
+                                                                         "checkpoint": "step_00000003"}
     assert export_actor(run, first, reuse=False) == first  # an earlier export: replaced
+    own = export_actor(run)
+    (own / "colocate_export.json").unlink()  # the run's own export folder, written before the marker
+    assert export_actor(run, reuse=False) == own
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match=r"^export: cannot write '.*afile/sub' \('.*afile' is a file\); give a folder"):
         export_actor(run, tmp_path / "afile" / "sub")
