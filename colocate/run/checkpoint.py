@@ -142,13 +142,15 @@ def manifest(path: Path, what: str = "--resume") -> dict[str, Any]:
     return {"meta": {}} | record
 
 
-def check_complete(path: Path, what: str = "--resume") -> None:
-    """Every file the manifest lists is there (cheap: no checksum, which :func:`load` takes):
-    a part deleted since is one line before anything starts."""
-    missing = [name for name in manifest(path, what)["files"] if not (Path(path) / name).is_file()]
+def check_complete(path: Path, what: str = "--resume") -> dict[str, Any]:
+    """The manifest (:func:`manifest`), every file it lists there (cheap: no checksum, which
+    :func:`load` takes): a part deleted since is one line before anything starts."""
+    record = manifest(path, what)
+    missing = [name for name in record["files"] if not (Path(path) / name).is_file()]
     if missing:
         raise CheckpointError(f"{what}: checkpoint '{path}' is incomplete ({', '.join(missing)} missing); "
                               f"{_earlier(path, what)}")
+    return record
 
 
 def _earlier(path: Path, what: str) -> str:

@@ -124,8 +124,7 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
     keeps the run's :data:`FIXED` keys; every other change vs its ``config.json`` is logged in one line."""
     run_dir = run_folder(resume)
     where = checkpoint.latest(Path(resume))
-    checkpoint.check_complete(where)  # a part deleted since: one line now, not after the engines start
-    record = checkpoint.manifest(where)
+    record = checkpoint.check_complete(where)  # a part deleted since: one line now, not after the engines start
     step = record["step"]
     if cfg.run.steps <= step:
         raise ConfigError(f"run.steps is {cfg.run.steps} and the checkpoint '{where}' is at step {step}: "

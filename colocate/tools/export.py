@@ -30,7 +30,7 @@ import torch
 
 from colocate.run import checkpoint
 from colocate.config import EnginesConfig, LoraConfig
-from colocate.errors import ConfigError
+from colocate.errors import ConfigError, unwritable
 from colocate.monitor.quiet import loaded
 from colocate.assets.model_aliases import resolve_model
 from colocate.trainer.lora import PEFT_PREFIX, add_lora
@@ -230,10 +230,8 @@ def _write(folder: Path, save: Callable[[Path], Any]) -> None:
         os.replace(tmp, folder)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        blocking = next((f for f in (folder, *folder.parents) if f.exists() and not f.is_dir()), None)
-        why = (f"'{blocking}' is a file" if blocking is not None
-               else os.strerror(exc.errno).lower() if exc.errno else str(exc))
-        raise ConfigError(f"export: cannot write '{folder}' ({why}); give a folder you can write") from None
+        raise ConfigError(f"export: cannot write '{folder}' ({unwritable(folder, exc)}); give a folder you can "
+                          "write") from None
 
 
 def _fresh(folder: Path, ckpt: Path, files: tuple[str, str]) -> bool:
