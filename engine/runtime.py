@@ -140,6 +140,12 @@ class SglangEngine:
     def child_pids(self) -> list[int]:
         return list(self._child_pids)
 
+    def in_flight(self) -> int:
+        """Requests sent and not yet ended: SGLang forgets a request as its last output (or
+        its abort) reaches this process, before its stream ends. The scheduler may hold it a
+        moment longer (``wait_idle``)."""
+        return len(self._engine.tokenizer_manager.rid_to_state)
+
     def cache_stats(self) -> dict[str, float]:
         """Totals of prompt tokens and of those served from the radix cache so far."""
         if not self.cfg.enable_metrics:
