@@ -142,10 +142,11 @@ def generate(model: str | Path, prompts: Sequence[str], log: Callable[[str], Non
     -> ``colocate.tools.sample.Generation`` items; ``options``: `colocate.tools.sample.SampleOptions` fields
     (max_new_tokens, temperature, top_p, seed, device, dtype, chat). ``log``: a line for what
     was loaded (a run's export, the engine) and how long it took."""
-    from colocate.tools.sample import SampleOptions, generate as sample  # here, not at the top: it brings torch
+    from colocate.tools.sample import generate as sample, options as sample_options  # here: it brings torch
 
+    opts = sample_options(options)
     check_main_guard(sys.modules["__main__"], "colocate.api.generate")
-    return sample(str(model), list(prompts), SampleOptions(**options), log)
+    return sample(str(model), list(prompts), opts, log)
 
 
 def _check_config(cfg: Any) -> None:

@@ -74,18 +74,19 @@ def default_out(ckpt: Path) -> Path:
 
 def export_actor(run_or_checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                  *, adapter: str | os.PathLike[str] | None = None, reuse: bool = True,
-                 log: Callable[[str], None] = lambda message: None) -> Path:
+                 log: Callable[[str], None] = lambda message: None, what: str = "export") -> Path:
     """Write the newest (or the given) checkpoint's actor as an HF folder -> its path.
 
     ``run_or_checkpoint``: a run folder or one ``step_*`` checkpoint. ``out``: default
     `default_out`. A LoRA run's actor is written merged (base + adapters). ``adapter``: a
     LoRA run's adapters also go there as a PEFT adapter folder. With ``reuse`` complete
     folders there, newer than the checkpoint, are returned as they are. ``log`` gets a line
-    for the actor loaded and one for the folder written (what and how long).
+    for the actor loaded and one for the folder written (what and how long). ``what``: the
+    command named in a one-line error (``generate`` exports a run before it samples).
     """
     from transformers import AutoTokenizer  # here, not at the top: this module is imported at the CLI's start
 
-    ckpt = checkpoint.latest(Path(run_or_checkpoint), what="export")
+    ckpt = checkpoint.latest(Path(run_or_checkpoint), what=what)
     target = Path(out) if out is not None else default_out(ckpt)
     adapter_dir = Path(adapter) if adapter is not None else None
     run_dir = run_dir_of(ckpt)

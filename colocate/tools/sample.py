@@ -9,6 +9,7 @@ Leaves out: the engine (``engine.runtime``), the export (``colocate.tools.export
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -44,6 +45,18 @@ class Generation:
     finish_reason: str  # stop | length
 
 
+def options(given: dict) -> SampleOptions:
+    """``api.generate``'s keyword options as :class:`SampleOptions`; an unknown one is one
+    line naming it, the closest known one and all of them."""
+    known = [f.name for f in dataclasses.fields(SampleOptions)]
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise ConfigError(f"generate: unknown option {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}"
+                              f"the options: {', '.join(known)}")
+    return SampleOptions(**given)
+
+
 def is_run(path: Path) -> bool:
     """A run folder (with checkpoints) or a single checkpoint, rather than a model folder."""
     return (path / MANIFEST).is_file() or (path / "checkpoints").is_dir()
@@ -54,7 +67,7 @@ def model_folder(spec: str, log: Callable[[str], None] = lambda message: None) -
     ``<run>/export/``; ``log``: the export's lines), a model folder, or a packaged alias (``smollm2``)."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_run(path):
-        return str(export_actor(path, log=log))
+        return str(export_actor(path, log=log, what="generate"))
     return resolve_model(spec, "model")
 
 

@@ -62,3 +62,24 @@ def test_a_config_that_is_not_a_config_is_one_line(call):
         call({"run": {"steps": 1}})
     assert str(e.value) == ("cfg: a dict, not a colocate Config; build one with "
                             "colocate.config.load_config(path, overrides) or Config()")
+
+
+def test_an_unknown_generate_option_is_one_line_before_any_model_loads(tmp_path):
+    """``api.generate(..., max_tokens=5)`` was a TypeError from the options' constructor; now
+    one line naming the closest option, before the model is looked up (a folder that does
+    not exist is not what is reported)."""
+    with pytest.raises(ConfigError) as e:
+        api.generate(tmp_path / "nothing-here", ["hi"], max_tokens=5)
+    assert str(e.value) == ("generate: unknown option 'max_tokens'; did you mean 'max_new_tokens'? the options: "
+                            "max_new_tokens, temperature, top_p, seed, device, dtype, chat")
+
+
+def test_generate_from_a_run_without_a_checkpoint_names_generate(tmp_path):
+    """A run folder that saved no checkpoint yet: the error names the command the user ran
+    (before: "export: no checkpoint under …", a command they had not typed)."""
+    from colocate.run.checkpoint import CheckpointError
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as e:
+        api.generate(tmp_path / "run", ["hi"])
+    assert str(e.value) == f"generate: no checkpoint under '{tmp_path / 'run'}' (expected step_*/manifest.json)"
