@@ -17,7 +17,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -170,11 +172,16 @@ def install_atomically(target: Path, build: Callable[[Path], None], *, done: Cal
     """Build into a temporary sibling of `target`, then swap it in with `os.replace`.
 
     A reader sees the old folder or the new one, never half of one. If another process
-    installed a good folder meanwhile (`done()`), ours is discarded.
+    installed a good folder meanwhile (`done()`), ours is discarded. The siblings a build
+    killed on this host left (``.NAME.new-HOST-PID-*``, ``.old-``: hundreds of MB each) go
+    first; a live build's, or another host's on a shared cache, stay.
     """
+    tag = f"{socket.gethostname()}-{os.getpid()}-"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=target.parent))
+        for leftover in stale_builds(target):
+            shutil.rmtree(leftover, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-{tag}", dir=target.parent))
     except OSError as exc:  # an unwritable cache: one line naming it and the setting that moves it
         raise ModelSourceError(f"cannot write the model cache '{target.parent}' ({unwritable(target.parent, exc)}); "
                                "set XDG_CACHE_HOME to a folder you can write (the cache is $XDG_CACHE_HOME/colocate)"
@@ -185,7 +192,7 @@ def install_atomically(target: Path, build: Callable[[Path], None], *, done: Cal
         if done():
             return
         if target.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{tag}", dir=target.parent))
             os.replace(target, retired)  # POSIX: a directory may replace an empty directory
         os.replace(staging, target)
     except OSError:
@@ -195,3 +202,21 @@ def install_atomically(target: Path, build: Callable[[Path], None], *, done: Cal
         for leftover in (staging, retired):
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+def stale_builds(target: Path) -> list[Path]:
+    """The staging and retired siblings of ``target`` (`install_atomically`) whose build ran
+    on this host in a process that is gone."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:new|old)-{re.escape(socket.gethostname())}-(\d+)-[^-]*")
+    found = [(path, pattern.fullmatch(path.name)) for path in target.parent.glob(f".{target.name}.*")]
+    return [path for path, m in found if m and path.is_dir() and not _running(int(m.group(1)))]
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

@@ -153,6 +153,30 @@ def test_install_atomically_keeps_the_old_folder_when_the_build_fails(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging or retired folders left
 
 
+def test_a_killed_builds_folders_go_at_the_next_build_a_live_or_other_hosts_stay(tmp_path):
+    """A build killed mid-way (SIGKILL, OOM) left ``.NAME.new-*`` (hundreds of MB of a
+    half-converted model) in the cache for good; the next build of NAME removes those of a
+    process of this host that is gone, and leaves a live build's and another host's."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    target = tmp_path / "models" / "m"
+    target.parent.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a pid whose process has ended
+    host, cache = socket.gethostname(), target.parent
+    killed = [cache / f".m.new-{host}-{gone}-abc", cache / f".m.old-{host}-{gone}-d"]
+    kept = [cache / f".m.new-{host}-{os.getpid()}-live", cache / f".m.new-elsewhere-{gone}-x",
+            cache / f".other.new-{host}-{gone}-y"]
+    for folder in killed + kept:
+        (folder / "half").mkdir(parents=True)
+    assert sorted(models.stale_builds(target)) == sorted(killed)
+    models.install_atomically(target, lambda staging: (staging / "file").write_text("x"), done=lambda: False)
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["m"] + [p.name for p in kept])
+
+
 def test_an_actor_folder_missing_a_weight_is_one_line_not_a_random_start(tmp_path, world1):
     """Before: transformers started the missing tensor at random (its load report printed,
     the run trained on), while the engine served the folder as it is."""
