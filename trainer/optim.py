@@ -26,9 +26,14 @@ from .errors import TrainerError
 
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters (build it after sharding: they are DTensors then)."""
+    """AdamW over the trainable parameters (build it after sharding: they are DTensors then).
+    On CPU torch's fused kernel: by default torch takes its per-parameter loop there (its
+    multi-tensor path is for CUDA), ~10 dispatches per parameter, each through DTensor:
+    a SmolLM2-135M step took 0.36 s that way, 0.048 s fused (2-core AMD EPYC; 8 steps in a
+    default PPO step). CUDA keeps torch's own choice."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    fused = bool(params) and all(p.device.type == "cpu" for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
 
 
 def guarded_step(
