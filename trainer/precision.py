@@ -3,9 +3,9 @@
 Owns: the CPU's native bfloat16 support read from its flags (Linux ``/proc/cpuinfo``:
 AVX512-BF16 or AMX-BF16) and the choice with its reason in words: bfloat16 (mixed
 precision over float32 master weights) on CUDA and on such CPUs, float32 elsewhere.
-Measured on an AMD EPYC with AVX512-BF16: bf16 sgemm 392 GFLOP/s against 167 in float32,
-the default task's step 30.5 -> 19.2 s (docs/bench.md); a CPU without these flags
-emulates bf16 and is slower than in float32.
+Measured on a 2-core AMD EPYC with AVX512-BF16: a bf16 GEMM at ~2.2x float32's rate, the
+default task's step 0.81x float32's (docs/bench.md, time to reward); a CPU without these
+flags emulates bf16 and is slower than in float32.
 
 Leaves out: mixed precision itself (FSDP2's policy, ``trainer.distributed``), the engines'
 dtype (colocate's builder follows the trainer's on CPU), an explicit ``models.dtype``.
