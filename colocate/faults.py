@@ -13,7 +13,7 @@ it and stops at the next one: one config and one launch per fault (the fault mat
 ``tests/integration/test_fault_matrix.py``).
 
 Leaves out: calling them: the session fires the step's points at the boundaries of its
-phases (``colocate.run.phases``), the weight push's and the checkpoint's where those run.
+phases (``colocate.run.phases``), the checkpoint's inside its write.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ POINTS = {
 }
 FIRED = "faults_fired"
 # the points at the boundaries of a step's phases (colocate.run.phases: (event, phase) -> points,
-# in firing order); "sync" and "checkpoint" are the weight push's and checkpoint write's own
+# in firing order; "push": this rank's push into its engine, once the weights are gathered);
+# "checkpoint" is the checkpoint write's own
 AT_BOUNDARY = {("begin", "rollout"): ("engine", "generate"), ("end", "rollout"): ("score",),
-               ("begin", "old_logp"): ("logprobs",), ("begin", "actor"): ("update",)}
+               ("begin", "old_logp"): ("logprobs",), ("begin", "actor"): ("update",),
+               ("begin", "push"): ("sync",)}
 
 
 class FaultInjected(ColocateError):

@@ -52,8 +52,8 @@ from colocate.rollout import schedule
 from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.errors import ColocateError
-from colocate.rollout.sample import Sample, group_member, sample_index, union_id
-from colocate.monitor.timeline import Timeline, mark
+from colocate.rollout.sample import Sample
+from colocate.monitor.timeline import Timeline
 from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
@@ -147,12 +147,12 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
     """One step's rollout from each engine rank's part (``parts`` in rank order; None: a
     rank without engines), checked against the trainer's weight ``version``
     (:func:`check_weight_versions`; ``carries_partials``: ``overlap.deferral``). Samples
-    renamed into the union's index space (``sample.union_id``) and sorted, so groups stay
+    renamed into the union's index space (``Sample.in_union``) and sorted, so groups stay
     contiguous and the union is what one rank would have drawn; the phase seconds of the
     slowest rank; counts summed; staleness over the union; per-rank engine metrics
     ``engines/<r>/…``."""
     own = [p for p in parts if p is not None]
-    samples = sorted((_renamed(x, r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
+    samples = sorted((x.in_union(r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
                      key=lambda x: x.index)
     check_weight_versions([x.versions for x in samples], version, carries_partials=carries_partials)
     slowest = max(own, key=lambda p: sum(p.seconds.values()))
@@ -175,15 +175,6 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
     return StepRollout(samples, dict(slowest.seconds), stats)
 
 
-def _renamed(sample, rank: int, ranks: int, n: int):
-    """``sample`` of engine rank ``rank`` as the union names it: its local group g is the
-    union's group g·R + r (``sample.union_id``), member m of it index (g·R + r)·n + m."""
-    if sample.group is None:
-        return dataclasses.replace(sample, index=union_id(sample.index, rank, ranks))
-    group = union_id(sample.group, rank, ranks)
-    return dataclasses.replace(sample, index=sample_index(group, group_member(sample.index, n)[1], n), group=group)
-
-
 def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
     """``overlap.auto_*`` as the picker's policy; without a reward model to stream to,
     only the modes that do not stream."""
@@ -203,7 +194,7 @@ class Rollouts:
         r = cfg.rollout  # the step's sampling, and the held-out evaluation's (greedy)
         self.sampling = sampling_params(r.temperature, r.top_p, stop_ids, r.ignore_eos)
         self.greedy = sampling_params(0.0, 1.0, stop_ids, r.ignore_eos)
-        self.timeline, self.log = timeline, log
+        self.log = log
         self.env = env  # multi-turn: the environment that answers each model turn
         self.turns = env.multi_turn() if env is not None else None
         o = cfg.overlap
@@ -285,7 +276,7 @@ class Rollouts:
 
     def close(self) -> None:
         if len(self.live) and self.actor.alive():  # a dead engine's requests went with it
-            run_guarded([self.actor], self.live.discard(self.actor))
+            run_guarded([self.actor], self.schedule.end_parked())
         if self._feeder_task is not None:
             self._feeder_stop.set()
             self.actor.loop.run_until_complete(asyncio.wait([self._feeder_task], timeout=5))
@@ -320,7 +311,7 @@ class Rollouts:
             launched = {s.index for s in plan.launch}  # launch would run on, unconsumed, into the weight
             ending += [i for i in self.live.indices() if i not in launched]  # sync (its copy stays deferred)
         if ending and len(self.live):
-            run_guarded([self.actor], self.live.discard(self.actor, ending))
+            run_guarded([self.actor], self.schedule.end_parked(ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
         try:
             seconds, ended, chunk = self._run_step(plan, step_mode, step, score_at_end=plain)
@@ -332,9 +323,6 @@ class Rollouts:
         data.defer(defer)
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
             self._record_auto(step, name, elapsed, len(train), measured and (step_mode.defers or not carried))
-        for fate, group in (("trained", train), ("deferred", defer)):
-            for s in group:
-                mark(self.timeline, fate, s.index)
         stats = {"deferred": len(data.deferred), "parked": len(self.live), "delta": plan.delta,
                  "chunk_size": chunk, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
@@ -342,8 +330,10 @@ class Rollouts:
                  **self._auto_stats(step_mode), **self._channel_stats()}
         env = {"env/errors": self.env.errors.take()} if self.env is not None else {}
         requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
-        return StepRollout(train, seconds, {**rollout_stats(train, self.turns is not None), **env,
-                                            **{f"overlap/{k}": v for k, v in stats.items()}, **requests})
+        stats = {**rollout_stats(train, self.turns is not None), **env,
+                 **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
+        self.schedule.mark_fates(train, defer)
+        return StepRollout(train, seconds, stats)
 
     def _requests(self) -> dict[str, int]:
         """Requests sent so far to the actor and the inline reward engine."""

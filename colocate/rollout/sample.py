@@ -187,6 +187,15 @@ class Sample:
         self.loss_mask += [0] * len(ids)
         self.observations.append(dict(message))
 
+    def in_union(self, rank: int, ranks: int, n: int) -> Sample:
+        """This sample of engine rank ``rank`` as the union of ``ranks`` ranks' shares names
+        it (``n`` samples per group): its local group g is the union's group g·R + r
+        (:func:`union_id`), member m of it index (g·R + r)·n + m. A renamed copy."""
+        if self.group is None:
+            return dataclasses.replace(self, index=union_id(self.index, rank, ranks))
+        group = union_id(self.group, rank, ranks)
+        return dataclasses.replace(self, index=sample_index(group, group_member(self.index, n)[1], n), group=group)
+
     def rid(self, tag: str) -> str:
         """Fixed-width id: SGLang's abort matches by prefix, so no id may prefix another."""
         return f"{tag}-{self.index:08d}-{self.attempts:04d}"

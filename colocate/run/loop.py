@@ -61,8 +61,13 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
         trained.extend(samples)
     scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
     phases.enter("train")
-    if not all(math.isfinite(v) for v in scores):
-        return _skipped(s, phases, t_step, "non-finite reward from the reward model/functions")
+    if not all(math.isfinite(v) for v in scores):  # nothing trained: the weights stay as they were
+        reason = "non-finite reward from the reward model/functions"
+        s.log(f"step {s.state.step + 1}: update skipped: {reason}")
+        s.state.step += 1
+        phases.enter("idle")
+        return {"step": s.state.step, "skipped": reason, "trained_samples": 0,
+                "step_s": time.perf_counter() - t_step, "weight_version": s.state.weight_version}
     pad = s.run.tokenizer.pad_token_id if s.run.tokenizer.pad_token_id is not None else 0
     batch = batch_of(samples, pad)  # multi-turn: environment tokens out of the loss
     critic = not s.trainer.settings.critic_free  # grpo / rloo / reinforce_baseline: no values, no critic
@@ -99,21 +104,18 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     if s.rollouts is not None:
         s.rollouts.observe_reward(statistics.fmean(scores))
     s.state.step += 1
-    phases.enter("sync")  # the push into this rank's engine is agreed: a failed one ends every rank together
+    s.state.weight_version += 1  # what the sync pushes
+
+    def push(full) -> float:  # into this rank's engine, agreed: a failed push ends every rank together
+        with phases("push", timed=False):
+            return s.push_weights(full)
+
+    phases.enter("sync")
     phases.seconds["sync"] = s.engines.sharing.wake_and_sync(
-        s.gather_weights, lambda full: rank_failure.agree(lambda: s.push_weights(full), s.dist, "sync"))
+        s.gather_weights, lambda full: rank_failure.agree(lambda: push(full), s.dist, "sync"))
     phases.enter("idle")
     rec = _record(s, data, scores, phases, time.perf_counter() - t_step, mean_kl, critic_stats, actor_stats)
     return rec | {"train/tokens_computed": computed, "train/tokens_samples": sample_tokens}
-
-
-def _skipped(s: Session, phases: StepPhases, t_step: float, reason: str) -> dict[str, Any]:
-    """A step whose update is skipped: nothing trained, the weights stay as they were."""
-    s.log(f"step {s.state.step + 1}: update skipped: {reason}")
-    s.state.step += 1
-    phases.enter("idle")
-    return {"step": s.state.step, "skipped": reason, "trained_samples": 0,
-            "step_s": time.perf_counter() - t_step, "weight_version": s.state.weight_version}
 
 
 def _record(s, data, scores, phases, step_s, mean_kl, critic_stats, actor_stats) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import random
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -192,19 +193,20 @@ class Session:
         during the rollout can still checkpoint exactly that step; returns the step's phases
         (``colocate.run.phases``) with this run's hooks at their boundaries, in the rollout."""
         self.state.snapshot = copy.deepcopy(self._plain_parts())
+        step = self.state.step + 1
         if self.run.timeline is not None:
-            self.run.timeline.step = self.state.step + 1
-        phases = StepPhases([self._at_boundary])
+            self.run.timeline.step = step
+        phases = StepPhases([functools.partial(self._at_boundary, step)])
         phases.enter("rollout")
         return phases
 
-    def _at_boundary(self, event: str, phase: str) -> None:
-        """A step's hook: the run's phase (its record, watchers, timeline) and ``run.fault_at``'s
-        faults at the boundaries they name (``faults.AT_BOUNDARY``) of the step in progress."""
+    def _at_boundary(self, step: int, event: str, phase: str) -> None:
+        """Step ``step``'s hook: the run's phase (its record, watchers, timeline) and
+        ``run.fault_at``'s faults at the boundaries they name (``faults.AT_BOUNDARY``)."""
         if event == "enter":
             self.set_phase(phase)
         for point in faults.AT_BOUNDARY.get((event, phase), ()):
-            self.fault(point, self.state.step + 1)
+            self.fault(point, step)
 
     def fault(self, point: str, step: int) -> None:
         """``run.fault_at``'s test hook (``colocate.faults``): nothing unless it names this
@@ -239,6 +241,7 @@ class Session:
     def sync_weights(self) -> float:
         """Push the trainer's actor weights to the engines as a new version (gather + push),
         the whole model (the first push of a run)."""
+        self.state.weight_version += 1
         return self.push_weights(self.gather_weights(first=True))
 
     def gather_weights(self, first: bool = False) -> weight_sync.Weights:
@@ -271,14 +274,12 @@ class Session:
         bits = torch.finfo(getattr(torch, self.actor.cfg.dtype)).bits
         return self.trainer.sync_numel(self.adapted_only()) * bits / 8 / 2**20
 
-    def push_weights(self, full: weight_sync.Weights, next_version: bool = True) -> float:
-        """Load ``full`` (``gather_weights``) into this rank's engine as the next weight
-        version (``next_version`` False: under the current one, a run's first push);
-        returns the engine's seconds (0 on a rank without engines, which still takes its
-        part in a lazy gather and, in a tensor-parallel group, serves its own copy of every
-        bucket to the TP rank on its GPU)."""
-        self.state.weight_version += int(next_version)
-        self.fault("sync", self.state.step)
+    def push_weights(self, full: weight_sync.Weights) -> float:
+        """Load ``full`` (``gather_weights``) into this rank's engine under the run's weight
+        version (a step counts it up before its sync, ``colocate.run.loop``); returns the
+        engine's seconds (0 on a rank without engines, which still takes its part in a lazy
+        gather and, in a tensor-parallel group, serves its own copy of every bucket to the TP
+        rank on its GPU)."""
         tp = self.engines.tp if self.engines.sharing.device_push else None  # a device push: every rank holds the tensors
         mb = self.cfg.engines.sync_bucket_mb
         if self.actor is None and tp is None:
@@ -360,7 +361,7 @@ class Session:
         if not resumed and not kept and self.dist.device.type != "cuda":
             return
         self.engines.sharing.wake_and_sync(lambda: self.gather_weights(first=True),
-                                           lambda full: self.push_weights(full, next_version=False))
+                                           self.push_weights)
 
     def close(self) -> None:
         """End the run's rollout phase and hand the engines back (shut down, or kept by

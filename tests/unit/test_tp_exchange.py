@@ -86,7 +86,8 @@ def _session(rank: int, actor, tp) -> Session:
     cfg = SimpleNamespace(run=SimpleNamespace(fault_at=None), engines=SimpleNamespace(sync_bucket_mb=1))
     engines = RankEngines(actor, placement=Placement(rank, 2, rank, 2), sharing=SimpleNamespace(device_push=True),
                           tp=tp)
-    return Session(cfg, None, None, engines, None, None, RunState(kl_ctl=None),
+    state = RunState(kl_ctl=None, weight_version=1)  # a step's sync: the loop counts the version up before it
+    return Session(cfg, None, None, engines, None, None, state,
                    RunContext(tokenizer=None, out_dir=Path(".")))
 
 
