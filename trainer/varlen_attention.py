@@ -24,6 +24,12 @@ the whole random SmolLM2-135M over a batch of lognormal responses (median 64, up
 1,822 tokens): 10.53 -> 9.93 s (median of 6, interleaved). Batching parts into fewer calls
 was tried and did not pay inside the model on this CPU (docs/bench.md).
 
+On CPU, half-precision inputs (``models.dtype=bfloat16``) are attended in float32 and the
+output cast back: torch's CPU sdpa kernels run slower in bf16 than in float32 here, most in
+backward (one layer, SmolLM2's heads, 16 sequences of 1,318 tokens, fwd + bwd: 56 ms in bf16,
+38 in float32, 32 with the casts; a profile of one bf16 critic update put sdpa's backward at
+0.48 s against float32's 0.13).
+
 Leaves out: where the boundaries come from (`trainer/packed.py`) and when this
 implementation is chosen (`TrainerSettings.attn_implementation`). Without boundaries
 (the right-padded path) it is exactly transformers' sdpa with its mask.
@@ -70,17 +76,24 @@ def varlen_sdpa_forward(
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     dropout_p = dropout if module.training else 0.0
+    dtype = query.dtype
+    upcast = query.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)  # the math in float32 (see above)
 
     def part(q0: int, q1: int, p0: int, p1: int) -> torch.Tensor:
+        q = query[:, :, q0:q1]
         if p1 == p0:  # a sequence (or a prompt) on its own: causal
-            return torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, q0:q1], key[:, :, q0:q1], value[:, :, q0:q1], dropout_p=dropout_p, is_causal=True,
-                scale=scaling)
-        keys = torch.cat([key[:, :, p0:p1], key[:, :, q0:q1]], dim=2)
-        values = torch.cat([value[:, :, p0:p1], value[:, :, q0:q1]], dim=2)
+            k, v = key[:, :, q0:q1], value[:, :, q0:q1]
+        else:
+            k = torch.cat([key[:, :, p0:p1], key[:, :, q0:q1]], dim=2)
+            v = torch.cat([value[:, :, p0:p1], value[:, :, q0:q1]], dim=2)
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
+        if p1 == p0:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                                                    scale=scaling).to(dtype)
         seen = torch.ones(q1 - q0, p1 - p0 + q1 - q0, dtype=torch.bool, device=query.device).tril(p1 - p0)
         return torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, q0:q1], keys, values, attn_mask=seen, dropout_p=dropout_p, scale=scaling)
+            q, k, v, attn_mask=seen, dropout_p=dropout_p, scale=scaling).to(dtype)
 
     parts = [part(*block) for block in blocks if block[1] > block[0]]
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None  # [1, N, H, D]
