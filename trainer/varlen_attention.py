@@ -24,11 +24,13 @@ the whole random SmolLM2-135M over a batch of lognormal responses (median 64, up
 1,822 tokens): 10.53 -> 9.93 s (median of 6, interleaved). Batching parts into fewer calls
 was tried and did not pay inside the model on this CPU (docs/bench.md).
 
-On CPU, half-precision inputs (``models.dtype=bfloat16``) are attended in float32 and the
-output cast back: torch's CPU sdpa kernels run slower in bf16 than in float32 here, most in
-backward (one layer, SmolLM2's heads, 16 sequences of 1,318 tokens, fwd + bwd: 56 ms in bf16,
-38 in float32, 32 with the casts; a profile of one bf16 critic update put sdpa's backward at
-0.48 s against float32's 0.13).
+On CPU, half-precision inputs (``models.dtype=bfloat16``) are attended in float32, part by
+part, and each part's output cast back: torch's CPU sdpa kernels run slower in bf16 than in
+float32, most in backward (a profile of one bf16 critic update: sdpa's backward 0.48 s against
+float32's 0.13). One layer, SmolLM2's heads, 2,402 tokens in 8 shared-prefix groups, fwd + bwd,
+medians of 10 interleaved runs: 171.7 -> 124.5 ms (unshared: 133.4 -> 84.2 ms). Casting the
+whole row first was slower than bf16 (232 ms): each part's slice then back-propagates through
+a full-size float32 tensor.
 
 Leaves out: where the boundaries come from (`trainer/packed.py`) and when this
 implementation is chosen (`TrainerSettings.attn_implementation`). Without boundaries
