@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 
 from colocate.errors import ModelSourceError, unwritable
@@ -209,14 +210,4 @@ def stale_builds(target: Path) -> list[Path]:
     on this host in a process that is gone."""
     pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:new|old)-{re.escape(socket.gethostname())}-(\d+)-[^-]*")
     found = [(path, pattern.fullmatch(path.name)) for path in target.parent.glob(f".{target.name}.*")]
-    return [path for path, m in found if m and path.is_dir() and not _running(int(m.group(1)))]
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
+    return [path for path, m in found if m and path.is_dir() and not psutil.pid_exists(int(m.group(1)))]
