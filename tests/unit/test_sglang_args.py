@@ -83,7 +83,7 @@ def test_both_engines_get_the_arguments_last_and_colocate_decides_the_rest():
     assert "disable_cuda_graph" not in _server_kwargs(default, "cuda")
     assert "attention_backend" not in _server_kwargs(default, "cuda", compiled_kernels=True)  # SGLang's pick
     cpu = builder.engine_configs(load_config(overrides=["engines.device=cpu"]), "/m/actor", "/m/rm")[0]
-    assert _server_kwargs(cpu, "cpu")["attention_backend"] == "torch_native"
+    assert _server_kwargs(cpu, "cpu")["attention_backend"] == "colocate_cpu"
     assert _server_kwargs(cpu, "cpu")["disable_cuda_graph"] is True
 
 
@@ -112,13 +112,14 @@ def test_co_located_cuda_graphs_are_captured_where_a_release_gives_them_back(mon
     assert sglang_api.os.environ[name] == "0"
 
 
-def test_unset_attention_backend_is_sglangs_pick_with_its_kernels_triton_without_torch_native_on_cpu():
+def test_unset_attention_backend_is_sglangs_pick_with_its_kernels_triton_without_ours_on_cpu():
     """Issue 53 item 2: SGLang's pick (fa3 on a Hopper card) needs its compiled kernels; the
-    GPU kit has none, and its probe-free choice there is triton; torch_native only on CPU."""
+    GPU kit has none, and its probe-free choice there is triton; on CPU colocate's own
+    backend (engine/cpu_attention.py), registered by our SGLang plugin (installed here)."""
     assert default_attention_backend("cuda", compiled_kernels=True) is None
     assert default_attention_backend("cuda", compiled_kernels=False) == "triton"
-    assert default_attention_backend("cpu", compiled_kernels=True) == "torch_native"
-    assert default_attention_backend("cpu", compiled_kernels=False) == "torch_native"
+    assert default_attention_backend("cpu", compiled_kernels=True) == "colocate_cpu"
+    assert default_attention_backend("cpu", compiled_kernels=False) == "colocate_cpu"
     unset = builder.engine_configs(load_config(overrides=["engines.device=cuda"]), "/m/actor", "/m/rm")
     for engine in unset:
         assert _server_kwargs(engine, "cuda", compiled_kernels=False)["attention_backend"] == "triton"
@@ -207,3 +208,20 @@ def test_an_argument_the_engine_config_sets_too_is_refused(arg_types):
     cfg = EngineConfig("/m", max_running_requests=4, server_args={"max_running_requests": 8})
     with pytest.raises(EngineConfigError, match=r"max_running_requests: the engine's own .* is set too \(4\)"):
         check_server_args(cfg, arg_types, "9.9")
+
+
+def test_cpu_attention_falls_back_to_torch_native_where_sglang_would_not_run_our_plugin(monkeypatch):
+    """SGLANG_PLUGINS, SGLang's allow-list of plugins, leaving ours out: SGLang would not
+    know ``colocate_cpu``, so a CPU engine takes torch_native and the start check does not
+    offer it; the list naming ours keeps it."""
+    assert sglang_api.plugin_installed() and "colocate_cpu" in sglang_api.attention_backends()
+    try:
+        monkeypatch.setenv("SGLANG_PLUGINS", "someone_elses")
+        sglang_api.plugin_installed.cache_clear()
+        assert default_attention_backend("cpu", compiled_kernels=False) == "torch_native"
+        monkeypatch.setenv("SGLANG_PLUGINS", "someone_elses, colocate")
+        sglang_api.plugin_installed.cache_clear()
+        assert default_attention_backend("cpu", compiled_kernels=False) == "colocate_cpu"
+    finally:
+        monkeypatch.delenv("SGLANG_PLUGINS")
+        sglang_api.plugin_installed.cache_clear()

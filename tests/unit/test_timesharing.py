@@ -30,7 +30,7 @@ def test_reward_engine_sleeps_with_a_host_copy_of_its_weights_on_cuda_only():
     assert on_cuda["actor"]["dtype"] == on_cuda["reward"]["dtype"] == "bfloat16"
     on_cpu = _server_kwargs(reward, "cpu")
     assert "enable_memory_saver" not in on_cpu and "enable_weights_cpu_backup" not in on_cpu
-    assert on_cpu["disable_cuda_graph"] and on_cpu["attention_backend"] == "torch_native"
+    assert on_cpu["disable_cuda_graph"] and on_cpu["attention_backend"] == "colocate_cpu"
     # no memory saver: no backup either (SGLang would keep a host copy for nothing)
     plain = EngineConfig("/m/rm", role="reward", enable_memory_saver=False, weights_cpu_backup=True)
     assert _server_kwargs(plain, "cuda")["enable_weights_cpu_backup"] is False
