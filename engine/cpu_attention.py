@@ -47,11 +47,12 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         # this forward's decode slots: (its seq_lens, slots [B, L], keep [B, 1, 1, L]), read by its first layer
         self._decode_slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._extend_rows: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # (seq_lens, each request's slots)
 
     def init_forward_metadata(self, forward_batch) -> None:
         """The parent's metadata; a decode batch's KV slots are read again (by its first layer)."""
         super().init_forward_metadata(forward_batch)
-        self._decode_slots = None
+        self._decode_slots = self._extend_rows = None
 
     def _slots(self, forward_batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode batch's (slots, keep), read once per forward for every layer (again
@@ -60,6 +61,16 @@ class CpuAttnBackend(TorchNativeAttnBackend):
             self._decode_slots = (forward_batch.seq_lens, *decode_slots(
                 self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens))
         return self._decode_slots[1], self._decode_slots[2]
+
+    def _extend_slots(self, forward_batch) -> list[torch.Tensor]:
+        """Each extended request's KV slots (prefix and new tokens), read once per forward
+        for every layer (again whenever the batch's ``seq_lens`` is another tensor)."""
+        if self._extend_rows is None or self._extend_rows[0] is not forward_batch.seq_lens:
+            table = self.req_to_token_pool.req_to_token
+            rows = forward_batch.req_pool_indices.tolist()
+            ends = [p + n for p, n in zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)]
+            self._extend_rows = (forward_batch.seq_lens, [table[r, :e] for r, e in zip(rows, ends)])
+        return self._extend_rows[1]
 
     def _own_path(self, layer, forward_batch) -> bool:
         """Whether this layer's attention is the plain causal self-attention this backend computes."""
@@ -96,10 +107,8 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         out = torch.empty_like(query)
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        rows = forward_batch.req_pool_indices.tolist()
         start = 0
-        for row, prefix, new in zip(rows, prefixes, news):
-            slots = self.req_to_token_pool.req_to_token[row, :prefix + new]
+        for slots, prefix, new in zip(self._extend_slots(forward_batch), prefixes, news):
             out[start:start + new] = extend_attention(
                 query[start:start + new], k_cache[slots], v_cache[slots], prefix, layer.scaling,
                 heads != layer.tp_k_head_num)
