@@ -24,6 +24,7 @@ from colocate.config import EnginesConfig, dump_yaml, load_config
 from colocate.errors import USER_ERRORS, ColocateError, in_config_terms
 from colocate.monitor import completions
 from colocate.monitor.quiet import hide_library_bars
+from colocate.monitor.stack_dump import install as print_stacks_on_sigusr1
 from colocate.monitor.visible import LAYOUT, visible
 from colocate.quick_exit import skip_last_collection
 from colocate.tools import doctor as doc
@@ -74,6 +75,7 @@ def main() -> None:
       colocate generate runs/default --prompt "Hi!"   # sample the trained actor
     """
     skip_last_collection()  # before the command's own exit hooks: the freeze runs after them all
+    print_stacks_on_sigusr1()  # kill -USR1 PID: where a run that seems stuck waits (colocate.monitor.stack_dump)
 
 
 @main.command()

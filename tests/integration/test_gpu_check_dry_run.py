@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from colocate.bench import loop_check
+from colocate.engine.engine_config import default_attention_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -29,7 +30,8 @@ def test_the_check_script_runs_every_stage_and_writes_what_comes_back(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     log = (out / "log.txt").read_text()
-    assert "== probe" in log and "== loop check, attention torch_native" in log and "loop check rc 0" in log
+    attn = default_attention_backend("cpu", False)  # colocate's own rule on CPU: colocate_cpu where SGLang runs the plugin
+    assert "== probe" in log and f"== loop check, attention {attn}" in log and "loop check rc 0" in log
     probe = json.loads((out / "probe.json").read_text())
     assert [s["step"] for s in probe["steps"]] == ["device", "make_models", "done"]  # no backend: no budget
     assert probe["steps"][1]["ok"] is True
@@ -97,7 +99,7 @@ def _gpu_bench(tmp_path, **env):
 
 def test_the_gpu_bench_dry_run_reports_every_mode_and_the_trl_grpo_peer(tmp_path):
     out, log = _gpu_bench(tmp_path, WORKLOADS="longtail-grpo", STEPS="1", BATCH="8", TOKENS="16")
-    assert "attention colocate_cpu (colocate's rule)" in log and "bench rc 0" in log
+    assert f"attention {default_attention_backend('cpu', False)} (colocate's rule)" in log and "bench rc 0" in log
     report = (out / "report.md").read_text()
     assert "# colocate bench — preset `gpu`" in report and "no vLLM" in report and "response tokens/s" in report
     for mode in ("sequential", "oppo", "intra", "inter", "auto"):

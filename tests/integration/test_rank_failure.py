@@ -12,11 +12,14 @@ checkpoint: step 2's stays)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from colocate.run import checkpoint
@@ -25,11 +28,39 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _launch(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+def _launch(*args: str, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess, float]:
+    """``colocate train ARGS`` in its own session; past ``timeout_s`` the test fails saying
+    whether the run itself was stuck (its stacks: SIGUSR1) or processes it started held its
+    output open after it ended, and the whole session is killed."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "colocate.cli", "train", *args], cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=600)
-    return done, time.monotonic() - started
+    proc = subprocess.Popen([sys.executable, "-m", "colocate.cli", "train", *args], cwd=str(ROOT), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(_stuck(proc, timeout_s), pytrace=False)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - started
+
+
+def _stuck(proc: subprocess.Popen, timeout_s: float) -> str:
+    """What a launch still doing something after ``timeout_s`` was doing; kills its session."""
+    alive = proc.poll() is None
+    if alive:
+        os.kill(proc.pid, signal.SIGUSR1)  # colocate.monitor.stack_dump: threads and pending tasks to stderr
+        time.sleep(5)
+    left = []
+    for p in psutil.process_iter(["pid", "ppid", "status", "cmdline"]):
+        try:
+            if os.getsid(p.pid) == proc.pid:
+                left.append(f"{p.info['pid']} (parent {p.info['ppid']}, {p.info['status']}): "
+                            f"{' '.join(p.info['cmdline'] or [])[:160]}")
+        except (ProcessLookupError, PermissionError):
+            continue
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    what = "still running" if alive else f"ended ({proc.returncode}), its output still held open"
+    return (f"colocate train {what} after {timeout_s:g} s; its session's processes:\n  " + "\n  ".join(left)
+            + f"\n--- stdout tail:\n{out[-3000:]}\n--- stderr tail:\n{err[-12000:]}")
 
 
 def _errors(stderr: str) -> list[str]:
