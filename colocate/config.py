@@ -141,6 +141,10 @@ class EnginesConfig:
     # compiled kernels (sgl_kernel) are installed, else triton: engine_config.default_attention_backend)
     attention_backend: str = ""
     cuda_graph: bool = True  # CUDA: decode with CUDA graphs (false: SGLang's disable_cuda_graph; CPU: always off)
+    # an engine with requests in flight that sends nothing back for this long while generation
+    # is not paused (its processes alive) ends the step in one line instead of waiting forever
+    # (0: wait forever); a prefill longer than this would need a larger value
+    stall_timeout_s: float = 600.0
     # SGLang's own arguments (its ServerArgs, verl's engine_kwargs.sglang) for both engines, e.g.
     # {sampling_backend: pytorch}; checked against the installed SGLang when an engine starts
     sglang: dict[str, Any] = dataclasses.field(default_factory=dict)

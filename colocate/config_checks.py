@@ -41,6 +41,9 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
          "run.eval_every and data.eval_prompts must be >= 0 (0: no evaluation)"),
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0 (0: greedy rollouts)"),
         (0 < cfg.rollout.top_p <= 1, f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (1: no nucleus cut)"),
+        (cfg.engines.stall_timeout_s >= 0,
+         f"engines.stall_timeout_s: {cfg.engines.stall_timeout_s} must be >= 0 (seconds an engine may send nothing "
+         "back with requests in flight; 0: wait forever)"),
         (0 < cfg.engines.mem_fraction_static < 1,
          f"engines.mem_fraction_static: {cfg.engines.mem_fraction_static} must be in (0, 1) (the share of GPU "
          "memory the engines take for weights and KV pool)"),

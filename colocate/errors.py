@@ -54,6 +54,7 @@ FIELD_FIXES = {
     "remote_code": "{message}; set models.trust_remote_code=true if you trust it",
     "server_arg": "engines.sglang.{message}",
     "attention_backend": "engines.attention_backend: {message}; leave it unset for the machine's default",
+    "stall_timeout": "{message} (engines.stall_timeout_s; raise it if generating or scoring is this slow)",
 }
 
 

@@ -72,6 +72,8 @@ class EngineConfig:
     lora_target_modules: str = ""  # comma-separated, e.g. "q_proj,v_proj" ("": SGLang's "all"); JSON-safe
     lora_backend: str | None = None  # None: torch_native on CPU, SGLang's pick (csgmv) on GPU
     cuda_graph: bool = True  # CUDA: capture CUDA graphs for decoding (always off on CPU)
+    # requests in flight, generation not paused, nothing received for this long: EngineStalledError (0: never)
+    stall_timeout_s: float = 600.0
     # SGLang's own arguments (its ServerArgs) passed last, as (name, value) pairs sorted by
     # name, lists as tuples (hashable; a mapping or list of pairs is accepted and frozen);
     # checked before start-up (engine.start_checks)

@@ -19,6 +19,7 @@ FIXES = {
     "remote_code": "trusting the model folder's own code",
     "server_arg": "an SGLang argument the engine was given (the message starts with its name)",
     "attention_backend": "the engines' attention backend",
+    "stall_timeout": "the engines' stall timeout, if generating or scoring is this slow",
 }
 
 
@@ -41,6 +42,11 @@ class EngineConfigError(EngineError):
 class RewardRequestError(EngineError):
     """The reward engine refused or failed one scoring request; the message names the
     request (step, sample) and the cause."""
+
+
+class EngineStalledError(EngineError):
+    """An engine with requests in flight sent nothing back for longer than its stall
+    timeout while its processes were alive and generation was not paused."""
 
 
 class EngineStartError(EngineError):

@@ -31,7 +31,7 @@ import psutil
 
 from .child_output import ChildOutput, last_line
 from .engine_config import EngineConfig, _server_kwargs, child_quit, releasable_graphs
-from .errors import EngineError
+from .errors import EngineError, EngineStalledError
 from .in_process import end_contexts_since, end_tokenizer_side, give_back_sigterm, zmq_contexts
 from .start_checks import check_allocator_conf, check_startable, start_error
 from .weight_payloads import Exchange, bucket_data, rank_payloads, with_last
@@ -123,6 +123,10 @@ class SglangEngine:
         self.closed = False
         self.paused: str | None = None  # the pause mode while generation is paused (see pause)
         self._suspended = False  # CPU: the engine's processes are stopped (SIGSTOP) while paused
+        # check_progress: requests in flight and nothing received for this long (0: never); the
+        # engine's own setting, which a caller holding a started engine (a pool's) may change
+        self.stall_timeout_s = cfg.stall_timeout_s
+        self._last_sent = time.time()  # this process's last request or control call to the engine
 
     async def _start_handle_loop(self) -> None:
         self._engine.tokenizer_manager.auto_create_handle_loop()
@@ -156,6 +160,24 @@ class SglangEngine:
         return all(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in self._child_pids) and not self.closed
 
+    def check_progress(self, now: float | None = None) -> None:
+        """Raise :class:`EngineStalledError` when requests are in flight, generation is not
+        paused, and nothing came back from the scheduler (outputs or replies) nor was sent to
+        it for longer than ``stall_timeout_s``: a scheduler alive but stuck (or a request no
+        one will ever continue) ends the step in one line instead of a wait forever."""
+        if self.stall_timeout_s <= 0 or self.paused is not None or self.closed:
+            return
+        waiting = self.in_flight()
+        if not waiting:
+            return
+        quiet = (time.time() if now is None else now) - max(
+            sglang_api.last_received(self._engine.tokenizer_manager), self._last_sent)
+        if quiet > self.stall_timeout_s:
+            raise EngineStalledError(
+                f"the {self.cfg.label} sent nothing back for {quiet:.0f} s with {waiting} request(s) in flight "
+                f"(its processes alive, generation not paused); resume from the last checkpoint with --resume",
+                fix="stall_timeout")
+
     def check_alive(self) -> None:
         if not self.alive():
             self._output.pass_on()  # what its processes wrote last
@@ -173,6 +195,7 @@ class SglangEngine:
         adapter to serve it with (an engine with ``lora_rank`` > 0; ``engine.lora_serving``)."""
         if self.paused is not None:
             await self.continue_generation()
+        self._last_sent = time.time()
         # the radix cache is namespaced by weight version: a request never reuses KV that
         # older weights computed, even when requests paused across an update kept the
         # cache from being flushed (their own KV stays theirs: PipelineRL's in-flight update)
@@ -188,6 +211,7 @@ class SglangEngine:
         """One embedding/score request (reward engine)."""
         obj = self._api.EmbeddingReqInput(input_ids=input_ids, rid=rid)
         self.requests += 1
+        self._last_sent = time.time()
         gen = self._engine.tokenizer_manager.generate_request(obj, None)
         return await gen.__anext__()
 
@@ -219,6 +243,7 @@ class SglangEngine:
         obj = self._api.ContinueGenerationReqInput(torch_empty_cache=self.device == "cuda")
         await self._engine.tokenizer_manager.continue_generation(obj)
         self.paused = None
+        self._last_sent = time.time()  # the paused requests' silence so far is not a stall
 
     def continue_paused(self) -> None:
         """:meth:`continue_generation` from outside the engines' loop (guarded); no-op unpaused."""
@@ -410,12 +435,15 @@ async def _watch(engines: Sequence[SglangEngine], interval_s: float) -> None:
     while True:
         for eng in engines:
             eng.check_alive()
+            eng.check_progress()
         await asyncio.sleep(interval_s)
 
 
 def run_guarded(engines: Sequence[SglangEngine | None], coro, interval_s: float = 0.5):
     """Run ``coro`` on the engines' loop; raise :class:`EngineDiedError` as soon as one of
-    ``engines`` loses its scheduler process instead of waiting forever on its stream."""
+    ``engines`` loses its scheduler process, and :class:`EngineStalledError` once one sent
+    nothing back for its ``stall_timeout_s`` with requests in flight, instead of waiting
+    forever on its stream."""
     live = [e for e in engines if e is not None]
     loop = live[0].loop
 

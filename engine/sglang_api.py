@@ -370,3 +370,9 @@ def token_counters(model_name: str) -> dict[str, float]:
             if key and sample.labels.get("model_name") == model_name:
                 totals[key] += sample.value
     return totals
+
+
+def last_received(tokenizer_manager: Any) -> float:
+    """When (``time.time()``) an engine's tokenizer manager last received anything from its
+    scheduler (outputs or replies; SGLang's ``last_receive_tstamp``); 0.0 where it keeps none."""
+    return float(getattr(tokenizer_manager, "last_receive_tstamp", 0.0) or 0.0)

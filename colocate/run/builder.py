@@ -124,7 +124,7 @@ def engine_configs(cfg: Config, actor_path: str, reward_path: str | None, placem
                   mem_fraction_static=e.mem_fraction_static, log_level=e.log_level,
                   trust_remote_code=cfg.models.trust_remote_code, base_gpu_id=placement.gpu_id,
                   tp_size=e.tp_size, attention_backend=e.attention_backend or None, cuda_graph=e.cuda_graph,
-                  server_args=e.sglang)
+                  stall_timeout_s=e.stall_timeout_s, server_args=e.sglang)
     actor = EngineConfig(actor_path, role="actor", max_total_tokens=e.actor_max_total_tokens,
                          threads=actor_threads, nccl_port=placement.nccl_port("actor") if shared_node else None,
                          overlap_schedule=actor_overlap_schedule(cfg),

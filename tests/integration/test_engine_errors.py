@@ -87,3 +87,93 @@ def test_start_failures_get_the_hint_that_fits(text, hint):
     assert "\n" not in str(err)
     if "failed while starting" in hint:  # SGLang's own error is in its log
         assert str(err).endswith("; set engines.log_level=info for SGLang's own log")
+
+
+def _stream_until_stopped(engine, rid: str, stop_after: int, timeout_s: float):
+    """Stream a long greedy request; after ``stop_after`` chunks stop (SIGSTOP) the engine's
+    processes, as a scheduler that is alive but stuck; wait on the stream under run_guarded."""
+    import asyncio
+
+    from colocate.engine.runtime import run_guarded
+
+    async def go():
+        n = 0
+        async for _ in engine.generate_stream(rid, [1, 2, 3, 4], {"max_new_tokens": 400, "ignore_eos": True,
+                                                                  "temperature": 0}):
+            n += 1
+            if n == stop_after:
+                for pid in engine.child_pids:
+                    psutil.Process(pid).suspend()
+        return n
+
+    return run_guarded([engine], asyncio.wait_for(go(), timeout_s))
+
+
+def _resume_and_drain(engine, rid: str) -> None:
+    import time
+
+    for pid in engine.child_pids:
+        psutil.Process(pid).resume()
+    engine.abort(rid)
+    deadline = time.monotonic() + 30
+    while engine.in_flight() and time.monotonic() < deadline:
+        engine.loop.run_until_complete(__import__("asyncio").sleep(0.1))
+    assert engine.in_flight() == 0
+
+
+def test_an_engine_alive_but_silent_with_a_request_in_flight_ends_the_wait_in_one_line(actor_engine):
+    """engines.stall_timeout_s: processes alive (stopped here), a request in flight, nothing
+    received: EngineStalledError after the timeout, in colocate's terms naming the field."""
+    import time
+
+    from colocate.engine.errors import EngineStalledError
+
+    before = actor_engine.stall_timeout_s
+    actor_engine.stall_timeout_s = 2.0
+    started = time.monotonic()
+    try:
+        with pytest.raises(EngineStalledError) as info:
+            _stream_until_stopped(actor_engine, "stall-1", stop_after=2, timeout_s=60)
+        waited = time.monotonic() - started
+    finally:
+        actor_engine.stall_timeout_s = before
+        _resume_and_drain(actor_engine, "stall-1")
+    line = str(in_config_terms(info.value))
+    assert "\n" not in line and "sent nothing back for" in line and "1 request(s) in flight" in line
+    assert line.endswith("(engines.stall_timeout_s; raise it if generating or scoring is this slow)"), line
+    assert 2.0 < waited < 20, waited  # the timeout, then the watch's next look (every 0.5 s)
+
+
+def test_a_paused_engine_or_a_zero_timeout_is_never_a_stall(actor_engine):
+    """Requests parked in a paused engine wait by design; stall_timeout_s=0 waits forever."""
+    import asyncio
+
+    from colocate.engine.runtime import run_guarded
+
+    before = actor_engine.stall_timeout_s
+    actor_engine.stall_timeout_s = 0.0
+    try:  # 0: the stream outlives a silence far past any timeout (asyncio's own 4 s ends it here)
+        with pytest.raises(asyncio.TimeoutError):
+            _stream_until_stopped(actor_engine, "stall-2", stop_after=2, timeout_s=4)
+    finally:
+        _resume_and_drain(actor_engine, "stall-2")
+    actor_engine.stall_timeout_s = 1.0
+
+    async def paused_past_the_timeout():  # under run_guarded, whose watch looks every 0.5 s
+        chunks = 0
+        async for _ in actor_engine.generate_stream("stall-3", [1, 2, 3, 4], {"max_new_tokens": 40,
+                                                                             "ignore_eos": True, "temperature": 0}):
+            chunks += 1
+            if chunks == 2:
+                await actor_engine.pause("in_place")  # CPU: its processes stopped too
+                assert actor_engine.in_flight() == 1
+                await asyncio.sleep(3.0)  # 3x the timeout, paused: not a stall
+                await actor_engine.continue_generation()
+        return chunks
+
+    try:
+        assert run_guarded([actor_engine], paused_past_the_timeout()) > 2  # it went on to its end
+    finally:
+        actor_engine.stall_timeout_s = before
+        if actor_engine.paused is not None:
+            actor_engine.continue_paused()
