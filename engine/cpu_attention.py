@@ -12,7 +12,9 @@ with its two per-request loops changed:
   back), so a decode step's cost grows with the batch even where the matmuls' does not.
   Here the batch's slots are read once per forward (``[B, L]``, padded to the longest
   sequence, the padding masked) and every layer gathers keys and values for the whole
-  batch and makes one attention call.
+  batch and makes one attention call; a batch whose gathered keys and values would pass
+  :data:`GATHER_BYTES` (large models, long contexts) goes in row chunks under it, each
+  padded to its own longest sequence.
 - **extend** (prefill, chunked prefill, a prompt found in the radix cache): ``torch_native``
   attends every position of a request, the cached prefix's included, and throws the
   prefix's outputs away; a streamed scoring request, which extends a prefix chunk by
@@ -39,6 +41,10 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+# a decode layer's gathered keys and values at most (with their cast to the query's dtype);
+# a larger batch goes in row chunks (at SmolLM2's shape, b64 x 1,024 tokens is 50 MB)
+GATHER_BYTES = 256 << 20
+
 
 class CpuAttnBackend(TorchNativeAttnBackend):
     """``torch_native`` with a batched decode and a prefix-aware extend (module doc)."""
@@ -48,6 +54,7 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         # this forward's decode slots: (its seq_lens, slots [B, L], keep [B, 1, 1, L]), read by its first layer
         self._decode_slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._extend_rows: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # (seq_lens, each request's slots)
+        self.gather_bytes = GATHER_BYTES
 
     def init_forward_metadata(self, forward_batch) -> None:
         """The parent's metadata; a decode batch's KV slots are read again (by its first layer)."""
@@ -91,10 +98,24 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         slots, keep = self._slots(forward_batch)
         heads, dim = layer.tp_q_head_num, layer.qk_head_dim
         query = q.reshape(-1, heads, 1, dim)  # [B, H, 1, D]
-        keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[slots].transpose(1, 2)  # [B, Hkv, L, D]
-        values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[slots].transpose(1, 2)
-        out = scaled_dot_product_attention(query, keys.to(query.dtype), values.to(query.dtype), attn_mask=keep,
-                                           scale=layer.scaling, enable_gqa=heads != layer.tp_k_head_num)
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        cast = 0 if k_cache.dtype == query.dtype else 2 * query.element_size()
+        row_bytes = slots.shape[1] * k_cache[0].numel() * (k_cache.element_size() + v_cache.element_size() + cast)
+        chunks = row_chunks(slots.shape[0], row_bytes, self.gather_bytes)
+        out = torch.empty_like(query) if len(chunks) > 1 else None
+        for a, b in chunks:
+            rows, mask = slots[a:b], keep[a:b]
+            if out is not None:  # a chunk padded to its own longest sequence
+                longest = int(forward_batch.seq_lens[a:b].max())
+                rows, mask = rows[:, :longest], mask[..., :longest]
+            keys = k_cache[rows].transpose(1, 2).to(query.dtype)  # [b, Hkv, L, D]
+            values = v_cache[rows].transpose(1, 2).to(query.dtype)
+            part = scaled_dot_product_attention(query[a:b], keys, values, attn_mask=mask, scale=layer.scaling,
+                                                enable_gqa=heads != layer.tp_k_head_num)
+            if out is None:
+                return part.reshape(-1, heads * dim)
+            out[a:b] = part
         return out.reshape(-1, heads * dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -114,6 +135,13 @@ class CpuAttnBackend(TorchNativeAttnBackend):
                 heads != layer.tp_k_head_num)
             start += new
         return out.reshape(-1, heads * dim)
+
+
+def row_chunks(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
+    """``[start, end)`` row ranges of at most ``budget`` bytes each at ``row_bytes`` a row
+    (at least one row a chunk; no rows: one empty range)."""
+    per = max(1, budget // max(1, row_bytes))
+    return [(a, min(rows, a + per)) for a in range(0, rows, per)] or [(0, 0)]
 
 
 def decode_slots(req_to_token: torch.Tensor, rows: torch.Tensor,

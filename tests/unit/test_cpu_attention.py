@@ -16,7 +16,7 @@ from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # n
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from colocate.engine.cpu_attention import CpuAttnBackend, decode_slots, extend_attention  # noqa: E402
+from colocate.engine.cpu_attention import CpuAttnBackend, decode_slots, extend_attention, row_chunks  # noqa: E402
 
 HEADS, KV_HEADS, DIM, SLOTS = 4, 2, 8, 256
 
@@ -153,3 +153,38 @@ def test_a_later_decode_batch_reads_its_own_slots():
     second = batch(ForwardMode.DECODE, rows[::-1], lens[::-1], None)
     torch.testing.assert_close(ours.forward_decode(q, None, None, layer(), second, save_kv_cache=False),
                                native.forward_decode(q, None, None, layer(), second, save_kv_cache=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_batch_over_the_gather_budget_goes_in_row_chunks_with_the_same_outputs(dtype):
+    g = torch.Generator().manual_seed(5)
+    req, kv, native, ours = backends(dtype)
+    rows, lens = [1, 4, 2, 6, 0], [5, 17, 1, 33, 9]
+    place(req, rows, lens, g)
+    last = torch.stack([req.req_to_token[r, n - 1] for r, n in zip(rows, lens)]).long()
+    fb = batch(ForwardMode.DECODE, rows, lens, last)
+    q = torch.randn(len(rows), HEADS * DIM, generator=g).to(dtype)
+    k = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
+    v = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
+    ours.init_forward_metadata(fb)
+    whole = ours.forward_decode(q, k, v, layer(), fb)
+    row_bytes = 33 * KV_HEADS * DIM * 2 * torch.tensor([], dtype=dtype).element_size()  # the longest row, K and V
+    ours.gather_bytes = 2 * row_bytes  # two rows a chunk: chunks of 2, 2, 1
+    ours.init_forward_metadata(fb)
+    chunked = ours.forward_decode(q, k, v, layer(), fb)
+    native.init_forward_metadata(fb)
+    want = native.forward_decode(q, k, v, layer(), fb)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(chunked.float(), whole.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(chunked.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_row_chunks_cover_every_row_once_under_the_budget():
+    assert row_chunks(5, 100, 250) == [(0, 2), (2, 4), (4, 5)]
+    assert row_chunks(5, 100, 10_000) == [(0, 5)]
+    assert row_chunks(3, 100, 50) == [(0, 1), (1, 2), (2, 3)]  # a row over the budget still goes, alone
+    assert row_chunks(0, 100, 250) == [(0, 0)]
+    for rows, row_bytes, budget in [(7, 3, 10), (64, 1 << 20, 256 << 20), (1, 5, 1)]:
+        chunks = row_chunks(rows, row_bytes, budget)
+        assert [i for a, b in chunks for i in range(a, b)] == list(range(rows))
+        assert all((b - a) * row_bytes <= budget or b - a == 1 for a, b in chunks)
