@@ -60,17 +60,23 @@ def batch(mode, rows, seq_lens, out_loc, prefixes=None, news=None):
         extend_prefix_lens_cpu=prefixes, extend_seq_lens_cpu=news)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_decode_batch_equals_torch_native(dtype, tol):
-    g = torch.Generator().manual_seed(1)
+def decode_case(dtype, seed, rows, lens):
+    """Both backends on one pool, a decode batch of ``rows`` at ``lens`` placed in it, and
+    the step's random q, k, v: (kv, native, ours, forward batch, q, k, v, the new tokens' slots)."""
+    g = torch.Generator().manual_seed(seed)
     req, kv, native, ours = backends(dtype)
-    rows, lens = [1, 4, 2, 6], [5, 17, 1, 33]
     place(req, rows, lens, g)
     last = torch.stack([req.req_to_token[r, n - 1] for r, n in zip(rows, lens)]).long()
     fb = batch(ForwardMode.DECODE, rows, lens, last)
     q = torch.randn(len(rows), HEADS * DIM, generator=g).to(dtype)
     k = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
     v = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
+    return kv, native, ours, fb, q, k, v, last
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_decode_batch_equals_torch_native(dtype, tol):
+    kv, native, ours, fb, q, k, v, last = decode_case(dtype, 1, [1, 4, 2, 6], [5, 17, 1, 33])
     native.init_forward_metadata(fb)
     want = native.forward_decode(q, k, v, layer(), fb)
     written = kv.get_key_buffer(0)[last].clone()
@@ -157,15 +163,7 @@ def test_a_later_decode_batch_reads_its_own_slots():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_decode_batch_over_the_gather_budget_goes_in_row_chunks_with_the_same_outputs(dtype):
-    g = torch.Generator().manual_seed(5)
-    req, kv, native, ours = backends(dtype)
-    rows, lens = [1, 4, 2, 6, 0], [5, 17, 1, 33, 9]
-    place(req, rows, lens, g)
-    last = torch.stack([req.req_to_token[r, n - 1] for r, n in zip(rows, lens)]).long()
-    fb = batch(ForwardMode.DECODE, rows, lens, last)
-    q = torch.randn(len(rows), HEADS * DIM, generator=g).to(dtype)
-    k = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
-    v = torch.randn(len(rows), KV_HEADS, DIM, generator=g).to(dtype)
+    kv, native, ours, fb, q, k, v, _ = decode_case(dtype, 5, [1, 4, 2, 6, 0], [5, 17, 1, 33, 9])
     ours.init_forward_metadata(fb)
     whole = ours.forward_decode(q, k, v, layer(), fb)
     row_bytes = 33 * KV_HEADS * DIM * 2 * torch.tensor([], dtype=dtype).element_size()  # the longest row, K and V
