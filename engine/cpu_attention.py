@@ -103,19 +103,17 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         cast = 0 if k_cache.dtype == query.dtype else 2 * query.element_size()
         row_bytes = slots.shape[1] * k_cache[0].numel() * (k_cache.element_size() + v_cache.element_size() + cast)
         chunks = row_chunks(slots.shape[0], row_bytes, self.gather_bytes)
-        out = torch.empty_like(query) if len(chunks) > 1 else None
+        parts = []
         for a, b in chunks:
             rows, mask = slots[a:b], keep[a:b]
-            if out is not None:  # a chunk padded to its own longest sequence
+            if len(chunks) > 1:  # a chunk padded to its own longest sequence
                 longest = int(forward_batch.seq_lens[a:b].max())
                 rows, mask = rows[:, :longest], mask[..., :longest]
             keys = k_cache[rows].transpose(1, 2).to(query.dtype)  # [b, Hkv, L, D]
             values = v_cache[rows].transpose(1, 2).to(query.dtype)
-            part = scaled_dot_product_attention(query[a:b], keys, values, attn_mask=mask, scale=layer.scaling,
-                                                enable_gqa=heads != layer.tp_k_head_num)
-            if out is None:
-                return part.reshape(-1, heads * dim)
-            out[a:b] = part
+            parts.append(scaled_dot_product_attention(query[a:b], keys, values, attn_mask=mask, scale=layer.scaling,
+                                                      enable_gqa=heads != layer.tp_k_head_num))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.reshape(-1, heads * dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

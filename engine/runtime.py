@@ -160,7 +160,7 @@ class SglangEngine:
         return all(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in self._child_pids) and not self.closed
 
-    def check_progress(self, now: float | None = None) -> None:
+    def check_progress(self) -> None:
         """Raise :class:`EngineStalledError` when requests are in flight, generation is not
         paused, and nothing came back from the scheduler (outputs or replies) nor was sent to
         it for longer than ``stall_timeout_s``: a scheduler alive but stuck (or a request no
@@ -170,7 +170,7 @@ class SglangEngine:
         waiting = self.in_flight()
         if not waiting:
             return
-        quiet = (time.time() if now is None else now) - max(
+        quiet = time.time() - max(
             sglang_api.last_received(self._engine.tokenizer_manager), self._last_sent)
         if quiet > self.stall_timeout_s:
             raise EngineStalledError(

@@ -110,6 +110,7 @@ def _stream_until_stopped(engine, rid: str, stop_after: int, timeout_s: float):
 
 
 def _resume_and_drain(engine, rid: str) -> None:
+    import asyncio
     import time
 
     for pid in engine.child_pids:
@@ -117,7 +118,7 @@ def _resume_and_drain(engine, rid: str) -> None:
     engine.abort(rid)
     deadline = time.monotonic() + 30
     while engine.in_flight() and time.monotonic() < deadline:
-        engine.loop.run_until_complete(__import__("asyncio").sleep(0.1))
+        engine.loop.run_until_complete(asyncio.sleep(0.1))
     assert engine.in_flight() == 0
 
 
