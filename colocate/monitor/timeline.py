@@ -47,6 +47,13 @@ def mark(timeline: Timeline | None, event: str, index: int = STEP, **info: Any) 
         timeline.mark(event, index, **info)
 
 
+def mark_fates(timeline: Timeline | None, trained: Iterable[int], deferred: Iterable[int]) -> None:
+    """Where a step's samples (by index) went: ``trained``, or ``deferred`` to a later step."""
+    for fate, indices in (("trained", trained), ("deferred", deferred)):
+        for index in indices:
+            mark(timeline, fate, index)
+
+
 def running_batch(events: Iterable[dict[str, Any]]) -> list[tuple[float, int]]:
     """(t, requests decoding from t on) at every change: a request counts from its
     ``launch`` or ``adopt`` to its ``end`` or ``parked`` (parked and later adopted, it

@@ -53,7 +53,7 @@ from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.errors import ColocateError
 from colocate.rollout.sample import Sample
-from colocate.monitor.timeline import Timeline
+from colocate.monitor.timeline import Timeline, mark_fates
 from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
@@ -152,9 +152,11 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
     slowest rank; counts summed; staleness over the union; per-rank engine metrics
     ``engines/<r>/…``."""
     own = [p for p in parts if p is not None]
+    drawn = [x for part in own for x in part.samples]  # the versions do not depend on the renaming
+    check_weight_versions([x.versions for x in drawn], version, carries_partials=carries_partials)
+    staleness = staleness_stats(drawn, version)
     samples = sorted((x.in_union(r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
                      key=lambda x: x.index)
-    check_weight_versions([x.versions for x in samples], version, carries_partials=carries_partials)
     slowest = max(own, key=lambda p: sum(p.seconds.values()))
     stats: dict[str, float] = {}
     for key in dict.fromkeys(k for p in own for k in p.stats):
@@ -164,7 +166,7 @@ def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
         elif not key.startswith("engine/"):
             stats[key] = sum(values)
     if any(k.startswith("overlap/staleness_") for k in stats):
-        stats |= {f"overlap/staleness_{k}": v for k, v in staleness_stats(samples, version).items()}
+        stats |= {f"overlap/staleness_{k}": v for k, v in staleness.items()}
     stats |= rollout_stats(samples, multi_turn="rollout/turns" in stats)  # means over the union, not sums
     for r, part in enumerate(own):
         busy = {"engine/busy_s": sum(part.seconds.values())}
@@ -195,6 +197,7 @@ class Rollouts:
         self.sampling = sampling_params(r.temperature, r.top_p, stop_ids, r.ignore_eos)
         self.greedy = sampling_params(0.0, 1.0, stop_ids, r.ignore_eos)
         self.log = log
+        self.timeline = timeline  # where each sample's fate (trained, deferred) is marked
         self.env = env  # multi-turn: the environment that answers each model turn
         self.turns = env.multi_turn() if env is not None else None
         o = cfg.overlap
@@ -332,7 +335,7 @@ class Rollouts:
         requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
         stats = {**rollout_stats(train, self.turns is not None), **env,
                  **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
-        self.schedule.mark_fates(train, defer)
+        mark_fates(self.timeline, [s.index for s in train], [s.index for s in defer])
         return StepRollout(train, seconds, stats)
 
     def _requests(self) -> dict[str, int]:

@@ -308,12 +308,6 @@ class Schedule:
         sample deferred with what it generated (``LiveRequests.discard``); returns how many."""
         return await self.live.discard(self.actor, indices) if self.live is not None else 0
 
-    def mark_fates(self, trained: Sequence[Sample], deferred: Sequence[Sample]) -> None:
-        """Where the step's samples went, on the timeline: trained, or deferred to a later step."""
-        for fate, group in (("trained", trained), ("deferred", deferred)):
-            for s in group:
-                mark(self.timeline, fate, s.index)
-
     async def run(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
                   score: SampleScore | None = None, stream: Stream | None = None, cut_after: int | None = None,
                   tag_prefix: str = "op") -> OverlapResult:

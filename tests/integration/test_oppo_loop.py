@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from colocate import api
@@ -35,7 +37,7 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode, e
     cfg = config(models, tmp_path / mode, f"overlap.mode={mode}", "run.steps=3",
                  "overlap.delta_init=3", "overlap.delta_adaptive=false", "overlap.chunk_size=8",
                  "rollout.max_new_tokens=128", "rollout.length_dist=lognormal", "rollout.length_median=8",
-                 "rollout.length_sigma=1.5", "rollout.ignore_eos=true")
+                 "rollout.length_sigma=1.5", "rollout.ignore_eos=true", "run.timeline=true")
     budgets = sorted(response_budget(cfg.rollout, cfg.run.seed, p) for p in range(7))
     assert budgets[-1] >= 4 * budgets[3], budgets  # the premise above
     summary = api.train(cfg, quiet=True, engines=engine_pool)
@@ -46,6 +48,12 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode, e
     if mode != "intra":
         assert any(h["overlap/deferred"] > 0 for h in hist)  # B+Δ launched, stragglers kept
         assert any(h["overlap/resumed"] > 0 for h in hist[1:])
+    # each step's fates on the timeline: its B trained samples, and (deferring) its stragglers
+    events = [json.loads(line) for line in (tmp_path / mode / "timeline.jsonl").read_text().splitlines()]
+    fates = [[e["event"] for e in events if e["step"] == h["step"] and e["event"] in ("trained", "deferred")]
+             for h in hist]
+    assert [f.count("trained") for f in fates] == [4, 4, 4], fates
+    assert (sum(f.count("deferred") for f in fates) > 0) == (mode != "intra"), fates
     from colocate.run import checkpoint
 
     _, parts = checkpoint.load(checkpoint.latest(tmp_path / mode))
