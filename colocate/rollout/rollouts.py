@@ -197,7 +197,6 @@ class Rollouts:
         self.sampling = sampling_params(r.temperature, r.top_p, stop_ids, r.ignore_eos)
         self.greedy = sampling_params(0.0, 1.0, stop_ids, r.ignore_eos)
         self.log = log
-        self.timeline = timeline  # where each sample's fate (trained, deferred) is marked
         self.env = env  # multi-turn: the environment that answers each model turn
         self.turns = env.multi_turn() if env is not None else None
         o = cfg.overlap
@@ -335,7 +334,7 @@ class Rollouts:
         requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
         stats = {**rollout_stats(train, self.turns is not None), **env,
                  **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
-        mark_fates(self.timeline, [s.index for s in train], [s.index for s in defer])
+        mark_fates(self.schedule.timeline, [s.index for s in train], [s.index for s in defer])
         return StepRollout(train, seconds, stats)
 
     def _requests(self) -> dict[str, int]:

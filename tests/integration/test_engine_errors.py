@@ -3,7 +3,9 @@ SGLang's own arguments, before any of its processes starts); good ones reach it.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 
 import psutil
 import pytest
@@ -92,7 +94,6 @@ def test_start_failures_get_the_hint_that_fits(text, hint):
 def _stream_until_stopped(engine, rid: str, stop_after: int, timeout_s: float):
     """Stream a long greedy request; after ``stop_after`` chunks stop (SIGSTOP) the engine's
     processes, as a scheduler that is alive but stuck; wait on the stream under run_guarded."""
-    import asyncio
 
     from colocate.engine.runtime import run_guarded
 
@@ -110,8 +111,6 @@ def _stream_until_stopped(engine, rid: str, stop_after: int, timeout_s: float):
 
 
 def _resume_and_drain(engine, rid: str) -> None:
-    import asyncio
-    import time
 
     for pid in engine.child_pids:
         psutil.Process(pid).resume()
@@ -125,7 +124,6 @@ def _resume_and_drain(engine, rid: str) -> None:
 def test_an_engine_alive_but_silent_with_a_request_in_flight_ends_the_wait_in_one_line(actor_engine):
     """engines.stall_timeout_s: processes alive (stopped here), a request in flight, nothing
     received: EngineStalledError after the timeout, in colocate's terms naming the field."""
-    import time
 
     from colocate.engine.errors import EngineStalledError
 
@@ -147,7 +145,6 @@ def test_an_engine_alive_but_silent_with_a_request_in_flight_ends_the_wait_in_on
 
 def test_a_paused_engine_or_a_zero_timeout_is_never_a_stall(actor_engine):
     """Requests parked in a paused engine wait by design; stall_timeout_s=0 waits forever."""
-    import asyncio
 
     from colocate.engine.runtime import run_guarded
 
