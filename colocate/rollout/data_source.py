@@ -6,7 +6,9 @@ rank's position in its stream of prompts (groups drawn) and where the engine ran
 streams start (:meth:`DataSource.position`: ``sample.union_id`` interleaves them, so their
 union is one rank's stream), the seeded cycle over the prompt set, each member's token
 budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
-samples (unique, increasing indices; ``colocate.rollout.sample.sample_index``), the
+samples, given at birth in the engine ranks' union (this rank's g-th group is the union's
+group g·R + r, ``sample.union_id``; its members consecutive, ``sample.sample_index``), so
+the ranks' shares join by concatenation and a sample is never renamed; the
 deferred samples (partial, or finished and waiting for their group or the next step: the
 scheduler reads them each step, the ones the step takes or drops leave the buffer, and
 what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and
@@ -24,7 +26,7 @@ import random
 from typing import Any, Iterator, Sequence
 
 from colocate.config import RolloutConfig
-from colocate.rollout.sample import Sample, group_member, sample_index, union_id
+from colocate.rollout.sample import Sample, sample_index, union_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,25 +47,27 @@ class DataSource:
     eval_prompts: list[TokenizedPrompt] = dataclasses.field(default_factory=list)  # held out (data.eval_prompts)
     base: int = 0  # where the engine ranks' streams start (a resume on another world size moves it)
     drawn: int = 0  # groups this rank has drawn
-    next_index: int = 0  # the next new sample's index
+    named: int = 0  # samples this rank has named (its next group is this rank's named / n-th)
     dropped_total: int = 0  # deferred samples dropped as too stale
     deferred: list[Sample] = dataclasses.field(default_factory=list)  # ascending index: oldest first
 
     def groups(self) -> Iterator[list[Sample]]:
-        """New groups, one per ``next()``: group g's n members (indices g·n … g·n + n − 1)
-        share the next prompt of this rank's stream, drawn through a fixed, seeded cycle over
-        the prompt set; each member has its own token budget (``response_budget`` at draw
-        ``position · n + member``). Only the groups taken advance the position."""
+        """New groups, one per ``next()``, named in the engine ranks' union: this rank's
+        k-th group is the union's group u = k·R + r (``union_id``), its n members indices
+        u·n … u·n + n − 1 (group None with n = 1). They share the next prompt of this rank's
+        stream, drawn through a fixed, seeded cycle over the prompt set; each member has its
+        own token budget (``response_budget`` at draw ``position · n + member``). Only the
+        groups taken advance the position."""
         n = self.rollout.group_size
         while True:
             pos = self.position(self.drawn)
             prompt = self.prompts[pos % len(self.prompts)]
-            group = group_member(self.next_index, n)[0]
-            members = [Sample(self.next_index + m, list(prompt.ids),
+            group = union_id(self.named // n, self.rank, self.ranks)
+            members = [Sample(sample_index(group, m, n), list(prompt.ids),
                               response_budget(self.rollout, self.seed, sample_index(pos, m, n)),
-                              group=group, record=dict(prompt.record)) for m in range(n)]
+                              group=group if n > 1 else None, record=dict(prompt.record)) for m in range(n)]
             self.drawn += 1
-            self.next_index += n
+            self.named += n
             yield members
 
     def position(self, drawn: int) -> int:
@@ -89,12 +93,12 @@ class DataSource:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's part (the stream's base is the run's: :func:`redistribute`)."""
-        return {"data_pos": self.drawn, "next_index": self.next_index, "dropped_total": self.dropped_total,
+        return {"data_pos": self.drawn, "named": self.named, "dropped_total": self.dropped_total,
                 "deferred": [s.state() for s in self.deferred]}
 
     def load_state_dict(self, base: int, state: dict[str, Any]) -> None:
         self.base, self.drawn = int(base), int(state["data_pos"])
-        self.next_index, self.dropped_total = int(state["next_index"]), int(state["dropped_total"])
+        self.named, self.dropped_total = int(state["named"]), int(state["dropped_total"])
         self.deferred = sorted((Sample.from_state(d) for d in state["deferred"]), key=lambda s: s.index)
 
 
@@ -108,15 +112,19 @@ def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:
     return sorted(groups, key=lambda g: g[0]["index"])
 
 
-def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, *,
+def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, rank: int, ranks: int, *,
                   dropped_total: int = 0) -> dict[str, Any]:
-    """A saved rank state at the stream's start whose deferred buffer is ``groups``
-    (:func:`saved_groups` of other states) under fresh indices: member m of group j is
-    sample ``sample_index(j, m)``, and the next new sample comes after them."""
+    """A saved state of engine rank ``rank`` of ``ranks``, at the stream's start, whose
+    deferred buffer is ``groups`` (:func:`saved_groups` of other states) under fresh names:
+    they are this rank's first groups (group j the union's ``union_id(j, rank, ranks)``,
+    as :meth:`DataSource.groups` names them), and the next new group comes after them."""
     n = group_size
-    deferred = [dict(d, index=sample_index(j, m, n), group=group_member(sample_index(j, m, n), n)[0])
-                for j, members in enumerate(groups) for m, d in enumerate(members)]
-    return {"data_pos": 0, "next_index": len(groups) * n, "dropped_total": int(dropped_total), "deferred": deferred}
+    deferred = []
+    for j, members in enumerate(groups):
+        group = union_id(j, rank, ranks)
+        deferred += [dict(d, index=sample_index(group, m, n), group=group if n > 1 else None)
+                     for m, d in enumerate(members)]
+    return {"data_pos": 0, "named": len(groups) * n, "dropped_total": int(dropped_total), "deferred": deferred}
 
 
 def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
@@ -130,16 +138,13 @@ def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
         return base, list(states), None
     old = len(states)
     new_base = base + max(s["data_pos"] for s in states) * old
-    groups: list[tuple[int, list[dict[str, Any]]]] = []  # (age in the union, members)
-    for r, state in enumerate(states):
-        groups += [(union_id(members[0]["index"], r, old), members) for members in saved_groups(state)]
-    groups.sort(key=lambda g: g[0])
+    groups = sorted((members for state in states for members in saved_groups(state)), key=lambda g: g[0]["index"])
     dropped = sum(s["dropped_total"] for s in states)
-    out = [state_holding([m for i, (_, m) in enumerate(groups) if i % ranks == r], group_size,
-                         dropped_total=dropped if r == 0 else 0) for r in range(ranks)]
+    out = [state_holding(groups[r::ranks], group_size, r, ranks, dropped_total=dropped if r == 0 else 0)
+           for r in range(ranks)]
     if not groups:
         return new_base, out, f"{old} engine ranks -> {ranks}: prompts continue from position {new_base}"
-    moved = sum(len(m) for _, m in groups)
+    moved = sum(len(m) for m in groups)
     return new_base, out, (f"{old} engine ranks -> {ranks}: {moved} deferred samples ({len(groups)} groups) dealt "
                            f"round-robin over the {ranks} ranks; prompts continue from position {new_base}")
 

@@ -142,21 +142,18 @@ PER_RANK = {"engine/busy_s": "busy_s", "engine/actor_requests": "actor_requests"
             "engine/reward_requests": "reward_requests", "overlap/deferred": "deferred"}
 
 
-def join(parts: Sequence[StepRollout | None], version: int, group_size: int, *,
-         carries_partials: bool) -> StepRollout:
+def join(parts: Sequence[StepRollout | None], version: int, *, carries_partials: bool) -> StepRollout:
     """One step's rollout from each engine rank's part (``parts`` in rank order; None: a
     rank without engines), checked against the trainer's weight ``version``
     (:func:`check_weight_versions`; ``carries_partials``: ``overlap.deferral``). Samples
-    renamed into the union's index space (``Sample.in_union``) and sorted, so groups stay
+    in index order (named in the union when drawn: ``DataSource.groups``), so groups stay
     contiguous and the union is what one rank would have drawn; the phase seconds of the
     slowest rank; counts summed; staleness over the union; per-rank engine metrics
     ``engines/<r>/…``."""
     own = [p for p in parts if p is not None]
-    drawn = [x for part in own for x in part.samples]  # the versions do not depend on the renaming
-    check_weight_versions([x.versions for x in drawn], version, carries_partials=carries_partials)
-    staleness = staleness_stats(drawn, version)
-    samples = sorted((x.in_union(r, len(own), group_size) for r, part in enumerate(own) for x in part.samples),
-                     key=lambda x: x.index)
+    samples = sorted((x for part in own for x in part.samples), key=lambda x: x.index)
+    check_weight_versions([x.versions for x in samples], version, carries_partials=carries_partials)
+    staleness = staleness_stats(samples, version)
     slowest = max(own, key=lambda p: sum(p.seconds.values()))
     stats: dict[str, float] = {}
     for key in dict.fromkeys(k for p in own for k in p.stats):

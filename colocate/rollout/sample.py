@@ -55,15 +55,14 @@ class PromptTooLongError(ColocateError):
 def sample_index(group: int, member: int, n: int) -> int:
     """The index of member ``member`` of group ``group`` (``n`` samples per group): samples
     of one group are ``n`` consecutive indices, group g holding g·n … g·n + n - 1. The one
-    place this encoding lives (the session draws by it, the scheduler checks it, the ranks'
-    union renames by it)."""
+    place this encoding lives (the data source names by it, the scheduler checks it)."""
     return group * n + member
 
 
 def union_id(local: int, rank: int, ranks: int) -> int:
-    """Engine rank ``rank``'s local sample index (or group id, or stream position) in the
-    union of ``ranks`` ranks' shares: interleaved, so the union is what one rank would
-    have drawn."""
+    """Engine rank ``rank``'s ``local``-th group (or stream position) in the union of
+    ``ranks`` ranks' shares: interleaved, so the union is what one rank would have drawn.
+    Samples are named by it when drawn (``DataSource.groups``), never renamed after."""
     return local * ranks + rank
 
 
@@ -186,15 +185,6 @@ class Sample:
         self.versions += [self.versions[-1] if self.versions else version] * len(ids)
         self.loss_mask += [0] * len(ids)
         self.observations.append(dict(message))
-
-    def in_union(self, rank: int, ranks: int, n: int) -> Sample:
-        """This sample of engine rank ``rank`` as the union of ``ranks`` ranks' shares names
-        it (``n`` samples per group): its local group g is the union's group g·R + r
-        (:func:`union_id`), member m of it index (g·R + r)·n + m. A renamed copy."""
-        if self.group is None:
-            return dataclasses.replace(self, index=union_id(self.index, rank, ranks))
-        group = union_id(self.group, rank, ranks)
-        return dataclasses.replace(self, index=sample_index(group, group_member(self.index, n)[1], n), group=group)
 
     def rid(self, tag: str) -> str:
         """Fixed-width id: SGLang's abort matches by prefix, so no id may prefix another."""

@@ -6,7 +6,8 @@ one line naming the colocate that wrote it. Today's layout, each owner's state s
 - ``run``: the run's progress (``RunState``: step, weight version, KL controller);
 - ``rng``, ``trainer``: Python's and torch's RNG, the trainer (actor, critic, optimizers);
 - ``data``: ``{"base", "ranks": [DataSource.state_dict() of each engine rank]}`` (stream
-  position, next index, dropped count, deferred samples with their status, score and record);
+  position, samples named, dropped count, deferred samples with their status, score and
+  record, named in the engine ranks' union);
 - ``rollout``: ``{"ranks": [Rollouts.state_dict() of each engine rank, or None]}`` (Δ
   controller, chunk tuner, auto's picker).
 
@@ -24,11 +25,12 @@ from typing import Any, Mapping
 
 from colocate.run.checkpoint import CheckpointError
 
-LAYOUT = 3
+LAYOUT = 4
 # who wrote the layouts this colocate no longer reads (1 and 0 had no number of their own)
 WRITERS = {0: "colocate before 2026-11-26 (one engine rank)",
            1: "colocate of 2026-11-26 (the deferred samples inside the scheduler's state)",
-           2: "colocate of 2026-11-27, commits 690168a-17469b8 (deferred samples with or without a status)"}
+           2: "colocate of 2026-11-27, commits 690168a-17469b8 (deferred samples with or without a status)",
+           3: "colocate of 2026-11-27 to 2026-12-02, commits e3b6196-9117faf (deferred samples named per engine rank)"}
 
 
 def check(parts: Mapping[str, Any], where: Path | str) -> None:

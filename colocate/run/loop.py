@@ -47,7 +47,7 @@ def rollout(s: Session, phases: StepPhases) -> StepRollout:
             return s.rollouts.rollout(s.data, s.state.step, s.state.weight_version)
 
     shares = rank_failure.agree(share, s.dist, "rollout", share=True)
-    return join(shares, s.state.weight_version, s.cfg.rollout.group_size, carries_partials=s.cfg.overlap.deferral)
+    return join(shares, s.state.weight_version, carries_partials=s.cfg.overlap.deferral)
 
 
 def step(s: Session, trained: list | None = None) -> dict[str, Any]:

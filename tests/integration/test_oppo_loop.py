@@ -58,7 +58,7 @@ def test_mode_trains_exactly_b_and_defers_without_loss(models, tmp_path, mode, e
 
     _, parts = checkpoint.load(checkpoint.latest(tmp_path / mode))
     [rank] = parts["data"]["ranks"]  # one engine rank
-    assert rank["next_index"] >= 12
+    assert rank["named"] >= 12
 
 
 def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models, tmp_path, engine_pool):
@@ -90,4 +90,4 @@ def test_auto_runs_every_candidate_drains_deferral_and_resumes_its_costs(models,
     _, parts = checkpoint.load(checkpoint.latest(out))
     [scheduler] = parts["data"]["ranks"]  # one engine rank
     trained = sum(h["trained_samples"] for h in hist + hist2)
-    assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == scheduler["next_index"]
+    assert trained + len(scheduler["deferred"]) + scheduler["dropped_total"] == scheduler["named"]

@@ -85,7 +85,7 @@ def test_dead_scheduler_stops_cleanly_and_resume_loses_nothing(models, overrides
     step3 = resumed.history[2]
     assert step3["overlap/resumed"] + (1 if deferred_before else 0) >= 1
     _, final = checkpoint.load(checkpoint.latest(out))
-    assert final["data"]["ranks"][0]["next_index"] > deferred_before["next_index"]
+    assert final["data"]["ranks"][0]["named"] > deferred_before["named"]
 
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, tmp_path):

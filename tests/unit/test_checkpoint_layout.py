@@ -36,11 +36,11 @@ def _sample(index: int, n: int = 1) -> Sample:
                   record={"id": index})
 
 
-def _todays(deferred, next_index, dropped=0) -> dict:
+def _todays(deferred, named, dropped=0) -> dict:
     """A checkpoint's plain parts in today's layout: one engine rank at stream position 4."""
     return {"layout": LAYOUT, "trainer": {}, "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "run": {"step": 4, "weight_version": 4, "kl": KL},
-            "data": {"base": 0, "ranks": [{"data_pos": 4, "next_index": next_index, "dropped_total": dropped,
+            "data": {"base": 0, "ranks": [{"data_pos": 4, "named": named, "dropped_total": dropped,
                                            "deferred": [s.state() for s in deferred]}]},
             "rollout": {"ranks": [{"delta": DELTA, "tuner": TUNER, "auto": AUTO}]}}
 
@@ -55,6 +55,8 @@ def test_todays_layout_passes():
      "colocate of 2026-11-26 (the deferred samples inside the scheduler's state)"),
     ({"layout": 2, "run": {"step": 4}}, 2,
      "colocate of 2026-11-27, commits 690168a-17469b8 (deferred samples with or without a status)"),
+    ({"layout": 3, "run": {"step": 4}}, 3,
+     "colocate of 2026-11-27 to 2026-12-02, commits e3b6196-9117faf (deferred samples named per engine rank)"),
     ({"layout": 9, "run": {"step": 4}}, 9, "a colocate newer than this one (layout 9)"),
 ])
 def test_another_layout_is_one_line_naming_who_wrote_it(parts, layout, writer):
@@ -90,11 +92,12 @@ def test_a_resume_on_more_engine_ranks_gives_every_rank_the_first_ranks_rollout_
         session, loaded, logs = _restored(tmp_path, rank, 2)
         assert loaded == [{"delta": DELTA, "tuner": TUNER, "auto": AUTO}]  # the first rank's
         assert (session.state.step, session.state.weight_version, session.state.kl_ctl.value) == (4, 4, 0.05)
-        # the old stream covered positions 0..3: both go on from 4; one deferred group each, scores as saved
+        # the old stream covered positions 0..3: both go on from 4; one deferred group each, scores as saved,
+        # named in the new union (rank r's first group is the union's group r)
         assert (session.data.base, session.data.drawn) == (4, 0)
         assert [(s.index, s.group, s.score) for s in session.data.deferred] == \
-            [(0, 0, 4.0 + 2 * rank), (1, 0, 5.0 + 2 * rank)]
-        assert session.data.next_index == 2 and session.data.dropped_total == (1 if rank == 0 else 0)
+            [(2 * rank, rank, 4.0 + 2 * rank), (2 * rank + 1, rank, 5.0 + 2 * rank)]
+        assert session.data.named == 2 and session.data.dropped_total == (1 if rank == 0 else 0)
         assert any("1 engine ranks -> 2" in line for line in logs) and logs[-1] == "resumed from step 4"
 
 

@@ -40,11 +40,27 @@ def test_two_engine_ranks_draw_one_ranks_stream_between_them():
     assert [(p, b) for p, _, b in union] == [(p, b) for p, _, b in one]
 
 
+def test_two_engine_ranks_name_their_samples_in_the_union_when_they_draw_them():
+    """The names are the union's from birth: rank r's g-th group is group 2g + r, the two
+    ranks' samples sorted by index are one rank's stream, name for name."""
+    def named(stream, groups):
+        return [(s.index, s.group, s.record["id"], s.max_new_tokens)
+                for members in itertools.islice(stream.groups(), groups) for s in members]
+
+    one = named(DataSource(PROMPTS, LONG_TAIL, seed=3), 6)
+    shares = [named(DataSource(PROMPTS, LONG_TAIL, 3, rank=r, ranks=2), 3) for r in (0, 1)]
+    assert [g for _, g, _, _ in shares[1]] == [1, 1, 3, 3, 5, 5]
+    assert sorted(shares[0] + shares[1]) == one
+    singles = [DataSource(PROMPTS, RolloutConfig(group_size=1, max_new_tokens=4), 0, rank=r, ranks=3) for r in range(3)]
+    assert [[s.index for g in itertools.islice(d.groups(), 2) for s in g] for d in singles] == [[0, 3], [1, 4], [2, 5]]
+    assert all(s.group is None for d in singles for g in itertools.islice(d.groups(), 1) for s in g)
+
+
 def test_position_round_trips_and_continues_where_it_stopped():
     stream = DataSource(PROMPTS, LONG_TAIL, seed=3)
     _draw(stream, 3)
     state = stream.state_dict()
-    assert stream.base == 0 and state == {"data_pos": 3, "next_index": 6, "dropped_total": 0, "deferred": []}
+    assert stream.base == 0 and state == {"data_pos": 3, "named": 6, "dropped_total": 0, "deferred": []}
     again = DataSource(PROMPTS, LONG_TAIL, seed=3)
     again.load_state_dict(stream.base, state)
     a, b = next(again.groups()), next(stream.groups())
@@ -76,9 +92,9 @@ def _sample(index: int, n: int = 1) -> Sample:
                   finish_reason="stop", status=Status.FINISHED, group=index // n if n > 1 else None, score=float(index))
 
 
-def _data_state(deferred, next_index, data_pos, dropped=0):
+def _data_state(deferred, named, data_pos, dropped=0):
     """A saved rank state (``DataSource.state_dict``)."""
-    return {"data_pos": data_pos, "next_index": next_index, "dropped_total": dropped,
+    return {"data_pos": data_pos, "named": named, "dropped_total": dropped,
             "deferred": [s.state() for s in deferred]}
 
 
@@ -89,17 +105,18 @@ def test_same_number_of_ranks_keeps_every_ranks_state():
 
 def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
     n = 2
-    zero = _data_state([_sample(8, n), _sample(9, n)], next_index=12, data_pos=6, dropped=1)
-    one = _data_state([_sample(6, n), _sample(7, n), _sample(10, n), _sample(11, n)], next_index=12, data_pos=5,
+    # rank 0's local group 4 is the union's group 8; rank 1's local groups 3 and 5 are 7 and 11
+    zero = _data_state([_sample(16, n), _sample(17, n)], named=12, data_pos=6, dropped=1)
+    one = _data_state([_sample(14, n), _sample(15, n), _sample(22, n), _sample(23, n)], named=12, data_pos=5,
                       dropped=2)
     base, [state], note = data_source.redistribute(100, [zero, one], 1, n)
     assert base == 100 + 6 * 2  # the first position neither old stream reached
     assert note == ("2 engine ranks -> 1: 6 deferred samples (3 groups) dealt round-robin over the 1 ranks; "
                     "prompts continue from position 112")
-    assert state["data_pos"] == 0 and state["next_index"] == 6 and state["dropped_total"] == 3
-    # oldest first: rank 1's group 3 (union age 3*2+1=7), rank 0's group 4 (8), rank 1's group 5 (11)
+    assert state["data_pos"] == 0 and state["named"] == 6 and state["dropped_total"] == 3
+    # oldest first (the union's names are the age): rank 1's group 7, rank 0's group 8, rank 1's group 11
     assert [(d["index"], d["group"], d["score"]) for d in state["deferred"]] == [
-        (0, 0, 6.0), (1, 0, 7.0), (2, 1, 8.0), (3, 1, 9.0), (4, 2, 10.0), (5, 2, 11.0)]
+        (0, 0, 14.0), (1, 0, 15.0), (2, 1, 16.0), (3, 1, 17.0), (4, 2, 22.0), (5, 2, 23.0)]
     # a real data source takes it, and a real scheduler (with the first rank's Δ 2, as the
     # session hands it every rank) plans the carried groups before new ones
     data = DataSource(PROMPTS, RolloutConfig(group_size=n, max_new_tokens=4), seed=0)
@@ -114,9 +131,15 @@ def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
 
 
 def test_more_ranks_share_the_deferred_samples_round_robin():
-    one = _data_state([_sample(i) for i in (4, 5, 6)], next_index=7, data_pos=7)
+    one = _data_state([_sample(i) for i in (4, 5, 6)], named=7, data_pos=7)
     base, states, note = data_source.redistribute(0, [one], 2, 1)
     assert base == 7 and "1 engine ranks -> 2: 3 deferred samples (3 groups)" in note
     got = [[(d["index"], d["group"], d["score"]) for d in s["deferred"]] for s in states]
-    assert got == [[(0, None, 4.0), (1, None, 6.0)], [(0, None, 5.0)]]
-    assert [s["next_index"] for s in states] == [2, 1]
+    # named in the new union: rank 0's two are its groups 0 and 1 (the union's 0 and 2), rank 1's the union's 1
+    assert got == [[(0, None, 4.0), (2, None, 6.0)], [(1, None, 5.0)]]
+    assert [s["named"] for s in states] == [2, 1]
+    # and each new rank draws on after them, in the new union: rank 0's next is 4, rank 1's 3
+    fresh = [DataSource(PROMPTS, RolloutConfig(group_size=1, max_new_tokens=4), 0, rank=r, ranks=2) for r in (0, 1)]
+    for d, state in zip(fresh, states):
+        d.load_state_dict(base, state)
+    assert [next(d.groups())[0].index for d in fresh] == [4, 3]

@@ -7,12 +7,15 @@ deferred buffer across a resume on another number of ranks: ``test_data_source.p
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
 import torch.distributed
 import torch.multiprocessing as mp
 
+from colocate.config import RolloutConfig
+from colocate.rollout.data_source import DataSource, TokenizedPrompt
 from colocate.run.rank_failure import agree
 from colocate.engine.errors import EngineError
 from colocate.rollout.sample import Sample, Status
@@ -30,19 +33,34 @@ def _part(samples, seconds, **stats) -> StepRollout:
     return StepRollout(samples, seconds, {**rollout_stats(samples), **stats})
 
 
-def test_join_renames_each_ranks_samples_into_the_unions_order():
-    n = 2  # groups of two: rank r's local group g is the union's group 2g + r
-    zero = _part([_sample(i, n) for i in (2, 3, 0, 1)], {"generate": 1.0, "reward_tail": 0.5},
+def _drawn(rank: int, ranks: int, groups: int, n: int, cached: int = 0) -> list[Sample]:
+    """``groups`` groups engine rank ``rank`` of ``ranks`` draws (named in the union when
+    drawn), each finished with its rank as its score."""
+    data = DataSource([TokenizedPrompt((i,), {"id": i}) for i in range(10)],
+                      RolloutConfig(group_size=n, max_new_tokens=4), seed=0, rank=rank, ranks=ranks)
+    out = [s for members in itertools.islice(data.groups(), groups) for s in members]
+    for s in out:
+        s.output_ids, s.logprobs, s.versions, s.finish_reason = [7, 7], [-0.5, -0.5], [0, 0], "stop"
+        s.settle()
+        s.score, s.cached_tokens = float(rank), cached
+    return out
+
+
+def test_join_puts_the_ranks_samples_in_the_unions_order_without_renaming_them():
+    n = 2  # groups of two: rank r's g-th group is the union's group 2g + r, named so when drawn
+    mine, theirs = _drawn(0, 2, 2, n), _drawn(1, 2, 2, n, cached=3)
+    zero = _part(mine[2:] + mine[:2], {"generate": 1.0, "reward_tail": 0.5},  # in completion order
                  **{"overlap/deferred": 2, "overlap/delta": 1, "overlap/launched": 6, "engine/actor_requests": 6,
                     "engine/reward_requests": 4})
-    one = _part([_sample(i, n, cached=3) for i in (0, 1, 2, 3)], {"generate": 2.0, "reward_tail": 0.0},
+    one = _part(theirs, {"generate": 2.0, "reward_tail": 0.0},
                 **{"overlap/deferred": 1, "overlap/delta": 1, "overlap/launched": 5, "engine/actor_requests": 5,
                    "engine/reward_requests": 4})
-    joined = join([zero, None, one], version=0, group_size=n, carries_partials=False)  # None: a rank without engines
+    joined = join([zero, None, one], version=0, carries_partials=False)  # None: a rank without engines
     assert [s.index for s in joined.samples] == list(range(8))
     assert [s.group_id for s in joined.samples] == [0, 0, 1, 1, 2, 2, 3, 3]  # groups whole and contiguous
-    # which rank drew it: union group 2g + r came from rank r's local group g
-    assert [s.score for s in joined.samples] == [0.0, 1.0, 0.0, 1.0, 2.0, 3.0, 2.0, 3.0]
+    # which rank drew it: union group 2g + r came from rank r
+    assert [s.score for s in joined.samples] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert all(any(x is s for x in mine + theirs) for s in joined.samples)  # the ranks' own objects, not copies
     assert joined.seconds == {"generate": 2.0, "reward_tail": 0.0}  # the slowest rank's phases
     assert joined.stats["overlap/deferred"] == 3 and joined.stats["overlap/launched"] == 11
     assert joined.stats["overlap/delta"] == 1  # the same on every rank: not summed
@@ -58,7 +76,7 @@ def test_join_takes_staleness_over_the_union_not_a_sum_of_ranks():
                  **{f"overlap/staleness_{k}": v for k, v in {"mean": 0.3, "max": 1.0, "frac_stale_tokens": 0.2}.items()})
     one = _part([_sample(0, versions=(1, 3)), _sample(1, versions=(3,))], {"generate": 1.0},
                 **{f"overlap/staleness_{k}": v for k, v in {"mean": 0.5, "max": 2.0, "frac_stale_tokens": 0.3}.items()})
-    joined = join([zero, one], version=3, group_size=1, carries_partials=True)
+    joined = join([zero, one], version=3, carries_partials=True)
     union = staleness_stats(zero.samples + one.samples, 3)
     assert joined.stats["overlap/staleness_mean"] == pytest.approx(union["mean"]) == pytest.approx(3 / 8)
     assert joined.stats["overlap/staleness_max"] == 2.0
@@ -72,18 +90,18 @@ def test_staleness_stats_over_tokens():
     assert staleness_stats([], 4)["max"] == 0.0
 
 
-def _gather(run, dist, version: int, group_size: int) -> StepRollout:
+def _gather(run, dist, version: int) -> StepRollout:
     """What ``colocate.run.loop.rollout`` does with every rank's share."""
-    return join(agree(run, dist, "rollout", share=True), version, group_size, carries_partials=False)
+    return join(agree(run, dist, "rollout", share=True), version, carries_partials=False)
 
 
 def test_one_rank_joins_to_itself():
     part = _part([_sample(0), _sample(1)], {"generate": 1.0})
     alone = SimpleNamespace(rank=0, world_size=1)
-    joined = _gather(lambda: part, alone, version=0, group_size=1)
+    joined = _gather(lambda: part, alone, version=0)
     assert joined.samples == part.samples and joined.seconds == part.seconds
     with pytest.raises(EngineError, match="boom"):
-        _gather(lambda: (_ for _ in ()).throw(EngineError("boom")), alone, version=0, group_size=1)
+        _gather(lambda: (_ for _ in ()).throw(EngineError("boom")), alone, version=0)
 
 
 def test_sequential_batch_must_be_all_current():
@@ -107,11 +125,11 @@ def test_version_messages_are_one_line_and_say_what_to_do():
 def test_the_join_checks_every_ranks_tokens_against_the_trainers_version():
     current = _part([_sample(0, versions=(3, 3))], {"generate": 1.0})
     older = _part([_sample(0, versions=(2, 3))], {"generate": 1.0})
-    assert len(join([current, older], version=3, group_size=1, carries_partials=True).samples) == 2
+    assert len(join([current, older], version=3, carries_partials=True).samples) == 2
     with pytest.raises(WeightVersionMismatchError, match="version 2 but the trainer is at version 3"):
-        join([current, older], version=3, group_size=1, carries_partials=False)  # no deferral: all current
+        join([current, older], version=3, carries_partials=False)  # no deferral: all current
     with pytest.raises(WeightVersionMismatchError, match="version 3 but the trainer is at version 2"):
-        join([current, None], version=2, group_size=1, carries_partials=True)  # newer than the trainer: never
+        join([current, None], version=2, carries_partials=True)  # newer than the trainer: never
 
 
 def _failing_worker(rank: int, init_method: str, queue) -> None:
@@ -125,7 +143,7 @@ def _failing_worker(rank: int, init_method: str, queue) -> None:
         return _part([_sample(0)], {"generate": 1.0})
 
     try:
-        _gather(run, info, version=0, group_size=1)
+        _gather(run, info, version=0)
         queue.put((rank, "no error"))
     except Exception as exc:  # noqa: BLE001 - the test reads what each rank raised
         queue.put((rank, f"{type(exc).__name__}: {exc}"))

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from colocate.run import checkpoint, resume
 from colocate.run.checkpoint import CheckpointError
+from colocate.run.checkpoint_layout import LAYOUT
 from colocate.cli import main
 from colocate.config import load_config, to_dict
 from colocate.errors import ConfigError
@@ -140,8 +141,8 @@ def _parts(actor_shape, critic_shape, deferred=()):
     """A loaded checkpoint's parts, in today's layout (what ``Session.restore`` checks)."""
     model = lambda shape: {"model": {"model.embed.weight": torch.zeros(shape), "model.norm.weight": torch.zeros(4)}}
     trainer = {"actor": model(actor_shape), "critic": model(critic_shape)}
-    return {"layout": 3, "trainer": trainer, "run": {"step": 4},
-            "data": {"base": 0, "ranks": [{"data_pos": 4, "next_index": 4, "dropped_total": 0,
+    return {"layout": LAYOUT, "trainer": trainer, "run": {"step": 4},
+            "data": {"base": 0, "ranks": [{"data_pos": 4, "named": 4, "dropped_total": 0,
                                            "deferred": list(deferred)}]},
             "rollout": {"ranks": [None]}}
 

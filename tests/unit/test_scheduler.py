@@ -42,7 +42,7 @@ def plan(sched, data, version, limit=None, **kw):
     index >= ``limit``: out of prompts); the ones the step takes or drops leave the buffer."""
     fresh = data.groups()
     if limit is not None:
-        fresh = itertools.islice(fresh, max(0, limit - data.next_index))
+        fresh = itertools.islice(fresh, max(0, limit - data.named))
     p = sched.plan(data.deferred, fresh, version, **kw)
     data.take(p.taken, dropped=p.dropped)
     return p
@@ -142,7 +142,7 @@ def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
     p3 = plan(sched, data, 2)
     assert [s.index for s in p3.launch] == [1, 3, 4, 5]  # oldest first, no new ones needed
     seen = [s.index for p in (p1, p2, p3) for s in p.launch]
-    assert data.next_index == 6 and len(set(seen)) == 6
+    assert data.named == 6 and len(set(seen)) == 6
 
 
 def test_budget_is_kept_across_several_deferrals():
@@ -293,4 +293,4 @@ def test_invariants_over_random_steps(batch, delta, steps):
         for s in step.launch:
             assert 0 <= s.remaining and len(s.output_ids) == len(s.versions) <= 5
     ids = [s.index for s in trained] + [s.index for s in data.deferred]
-    assert sorted(ids) == list(range(data.next_index))  # each sample trained or held, once
+    assert sorted(ids) == list(range(data.named))  # each sample trained or held, once
