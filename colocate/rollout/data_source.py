@@ -8,7 +8,7 @@ union is one rank's stream), the seeded cycle over the prompt set, each member's
 budget (:func:`response_budget`: fixed or drawn from a long tail), the names of new
 samples, given at birth in the engine ranks' union (this rank's g-th group is the union's
 group g·R + r, ``sample.union_id``; its members consecutive, ``sample.sample_index``), so
-the ranks' shares join by concatenation and a sample is never renamed; the
+the ranks' shares join by sorting on the index and a sample is never renamed; the
 deferred samples (partial, or finished and waiting for their group or the next step: the
 scheduler reads them each step, the ones the step takes or drops leave the buffer, and
 what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and
