@@ -97,7 +97,9 @@ class Sample:
     score. Plain JSON-safe fields (`state` / `from_state`): checkpoints carry deferred
     samples as they are."""
 
-    index: int  # unique over a run, increasing in launch order
+    # its name: unique over a run, in the engine ranks' union, increasing in draw order; given
+    # when drawn, changed only by a resume on another number of engine ranks (redistribute)
+    index: int
     prompt_ids: list[int]
     max_new_tokens: int  # the response's token budget
     output_ids: list[int] = dataclasses.field(default_factory=list)
