@@ -12,11 +12,12 @@ from colocate.config import load_config
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
+SEEDS = (3, 4)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 @pytest.fixture(scope="module")
 def models(tiny_pair):
-    return tiny_pair("loop", 3, 4)
+    return tiny_pair("loop", *SEEDS)
 
 
 def config(models, out_dir, *extra):
@@ -41,7 +42,10 @@ def test_three_steps_sync_weights_and_learn_something(models, tmp_path, engine_p
             for key in ("actor/policy_loss", "critic/value_loss", "reward_mean", "kl"):
                 assert torch.isfinite(torch.tensor(h[key])), key
             assert h["time/generate"] > 0 and h["time/sync"] > 0 and h["time/actor"] > 0
-        assert history[-1]["kl"] > 0  # the policy moved away from the reference
+        # the policy moved away from the reference: its KL estimate (k1, a mean of log π/π_ref over
+        # the step's sampled tokens) is off zero (exactly 0 with ppo.actor_lr=0); its sign is the
+        # sample's (a pooled engine's sampler goes on from its last run: -0.067 was seen)
+        assert history[-1]["kl"] != 0
         assert history[-1]["weight_version"] == 3
         # weights the engine serves now == the trainer's actor weights
         state = session.trainer.actor_state_for_sync()
