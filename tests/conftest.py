@@ -4,7 +4,9 @@ Engines are session-scoped (a start costs ~13 s on 2 cores); tests that change e
 state (weights) restore it or use their own engine. Runs (``api.train``, ``builder.build``)
 that leave their engines alive take them from :func:`engine_pool`, so the suite starts
 each engine configuration once instead of once per run; ``tiny_pair`` builds one folder
-pair per seed pair, so modules with the same seeds share models (and so engines).
+pair per seed pair, so modules with the same seeds share models (and so engines), and a
+module that names its seeds (``SEEDS``) runs right after the first module with the same
+ones (``pytest_collection_modifyitems``), so the pool still holds their engines.
 
 Pinned to CPU, on a CUDA machine too: the shared engines start with ``device="cpu"`` and
 every run the tests build carries :data:`CPU` (``engines.device=cpu``, which also puts
@@ -81,6 +83,26 @@ class _SuitePool(EnginePool):
         """(label, test modules) of each engine config started more than once, most starts first."""
         again = [(label, modules) for label, modules in self.configs.values() if len(modules) > 1]
         return sorted(again, key=lambda x: -len(x[1]))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules that run on the same pooled engines run one after another: a module's
+    ``SEEDS`` (the seeds of the ``tiny_pair`` its runs use) pulls every later module with
+    equal seeds up behind it, so their engines are handed over instead of being shut down
+    between them by the pool's ``max_idle`` and started again. Tests keep their order within
+    a module, and modules without ``SEEDS`` keep their places."""
+    modules: dict[Path, list] = {}  # each test file's items, in collection order
+    seeds: dict[Path, tuple] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+        if getattr(getattr(item, "module", None), "SEEDS", None) is not None:
+            seeds[item.path] = tuple(item.module.SEEDS)
+    order: list[Path] = []
+    for path in modules:
+        if path not in order:
+            key = seeds.get(path)
+            order += [p for p in modules if p not in order and (p == path or (key and seeds.get(p) == key))]
+    items[:] = [item for path in order for item in modules[path]]
 
 
 def pytest_unconfigure(config):

@@ -12,6 +12,7 @@ from colocate.config import load_config
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
+SEEDS = (3, 4)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 def test_a_run_on_a_parquet_dataset_of_chat_messages(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
@@ -52,7 +53,7 @@ def test_a_tiny_model_learns_a_gsm8k_like_parquet(tiny_pair, run_overrides, tmp_
     source = tmp_path / "gsm.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(source))
     cfg = load_config(overrides=run_overrides(
-        tiny_pair("loop", 3, 4), tmp_path / "run", f"data.source={source}", f"data.prompt_key={prompt_key}",
+        tiny_pair("loop", *SEEDS), tmp_path / "run", f"data.source={source}", f"data.prompt_key={prompt_key}",
         "data.answer_key=answer", "reward.kind=rule", *reward, "rollout.batch_size=16", "rollout.group_size=8",
         "ppo.advantage=grpo", "rollout.max_new_tokens=3", "ppo.actor_lr=1e-2", "ppo.kl_kind=fixed", "ppo.kl_coef=0",
         "ppo.minibatches=1", "run.steps=30", "run.eval_every=0", "run.save_every=0"))

@@ -17,12 +17,13 @@ from colocate.config import load_config
 from colocate.assets.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow
+SEEDS = (11, 12)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
 PROMPTS = ["tell me about rainy days", "what is a good breakfast?"]
 
 
 @pytest.fixture(scope="module")
 def trained_run(tiny_pair, run_overrides, tmp_path_factory, engine_pool):
-    models = tiny_pair("export", 11, 12)
+    models = tiny_pair("export", *SEEDS)
     out = tmp_path_factory.mktemp("export-run")
     cfg = load_config(overrides=run_overrides(models, out, "run.steps=2", "rollout.max_new_tokens=8",
                                               "ppo.actor_lr=1e-3", "run.eval_every=0"))

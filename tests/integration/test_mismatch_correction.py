@@ -23,6 +23,8 @@ from colocate.trainer.sections import LoraConfig
 from tests.integration.test_first_forward import actor_step, same_steps
 from tests.integration.test_trainer import assert_same_tensors, grouped, rollout_batch, settings_for, world2_step
 
+SEEDS = (3, 4)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
+
 PATHS = {
     "padded": dict(packing=False),
     "packed": dict(packing=True, shared_prefix=False),
@@ -173,7 +175,7 @@ def test_a_real_run_reports_the_masked_share_from_the_engines_log_probs(tiny_pai
     its forward, whose drift probe reads the same tokens): with IcePop's [0.5, 5] float32's
     engine/trainer gap (< 1e-4) masks nothing; with a band of ±1e-7 every first-minibatch
     token whose gap the probe saw above it is masked, so the share is > 0 when it saw one."""
-    models = tiny_pair("loop", 3, 4)  # test_ppo_loop's pair: the suite's pool has its engines
+    models = tiny_pair("loop", *SEEDS)  # test_ppo_loop's pair: the suite's pool has its engines
     common = ("rollout.max_new_tokens=12", "run.eval_every=0", "ppo.kl_in=loss")
     icepop = api.train(load_config(overrides=run_overrides(models, tmp_path / "icepop", "run.steps=2", *common,
                                                            "ppo.rollout_correction=icepop")),

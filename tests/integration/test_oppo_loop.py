@@ -12,11 +12,12 @@ from colocate.rollout.data_source import response_budget
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
+SEEDS = (5, 6)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 @pytest.fixture(scope="module")
 def models(tiny_pair):
-    return tiny_pair("oppo", 5, 6)
+    return tiny_pair("oppo", *SEEDS)
 
 
 def config(models, out_dir, *extra):

@@ -15,6 +15,8 @@ from colocate import api
 from colocate.config import load_config
 from colocate.rollout.reward_fns import RewardFnError
 
+SEEDS = (5, 6)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
+
 
 class FailsFromCall:
     """Raises from its ``n``-th call on (the first step's calls succeed)."""
@@ -33,7 +35,7 @@ class FailsFromCall:
 # step 1 scores B=4 samples (inter: at most B+Δ=6), so the n-th call falls in step 2
 @pytest.mark.parametrize("mode,n", [("sequential", 5), ("inter", 7)])
 def test_raising_reward_fn_fails_the_step_and_keeps_the_last_checkpoint(tmp_path, tiny_pair, run_overrides, mode, n, engine_pool):
-    models = tiny_pair(f"fnerr-{mode}", 5, 6)
+    models = tiny_pair(f"fnerr-{mode}", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=3", "run.save_every=1",
                                               "run.eval_every=0", "rollout.max_new_tokens=6",
                                               f"overlap.mode={mode}"))
@@ -46,7 +48,7 @@ def test_raising_reward_fn_fails_the_step_and_keeps_the_last_checkpoint(tmp_path
 
 @pytest.mark.slow
 def test_on_error_zero_continues_and_counts(tmp_path, tiny_pair, run_overrides, engine_pool):
-    models = tiny_pair("fnerr-zero", 5, 6)
+    models = tiny_pair("fnerr-zero", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=2", "run.eval_every=0",
                                               "rollout.max_new_tokens=6", "reward.on_error=zero"))
     summary = api.train(cfg, reward_fns=[FailsFromCall(3)], quiet=True, engines=engine_pool)
@@ -71,7 +73,7 @@ class ReturnsNoNumber:
 @pytest.mark.slow
 def test_a_nan_from_a_function_fails_the_step_in_one_line_naming_the_sample(tmp_path, tiny_pair, run_overrides,
                                                                            engine_pool):
-    models = tiny_pair("fnerr-sequential", 5, 6)
+    models = tiny_pair("fnerr-sequential", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=2", "run.save_every=1",
                                               "run.eval_every=0", "rollout.max_new_tokens=6"))
     with pytest.raises(RewardFnError) as info:
@@ -86,7 +88,7 @@ def test_a_nan_from_a_function_fails_the_step_in_one_line_naming_the_sample(tmp_
 @pytest.mark.slow
 def test_on_error_zero_scores_non_numbers_zero_and_trains_on_finite_advantages(tmp_path, tiny_pair, run_overrides,
                                                                               engine_pool):
-    models = tiny_pair("fnerr-zero", 5, 6)
+    models = tiny_pair("fnerr-zero", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=1", "run.eval_every=0",
                                               "rollout.max_new_tokens=6", "reward.on_error=zero"))
     summary = api.train(cfg, reward_fns=[ReturnsNoNumber(1)], quiet=True, engines=engine_pool)
@@ -100,7 +102,7 @@ def test_on_error_zero_scores_non_numbers_zero_and_trains_on_finite_advantages(t
 def test_reward_fns_by_name_score_a_run_without_a_reward_model(tmp_path, tiny_pair, run_overrides, engine_pool):
     from tests.unit.reward_fns_for_tests import CONSTANT
 
-    models = tiny_pair("fnerr-sequential", 5, 6)
+    models = tiny_pair("fnerr-sequential", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=1", "run.eval_every=0",
                                               "rollout.max_new_tokens=6", "reward.kind=rule",
                                               "reward.fns=tests.unit.reward_fns_for_tests:constant"))
@@ -129,7 +131,7 @@ def test_an_async_function_that_never_returns_fails_the_step_at_its_deadline(tmp
                                                                              engine_pool):
     """reward.fn_timeout_s: the step ends in one line instead of waiting forever; the
     checkpoint of the last completed step is kept, and the engines serve the next run."""
-    models = tiny_pair("fnerr-sequential", 5, 6)
+    models = tiny_pair("fnerr-sequential", *SEEDS)
     cfg = load_config(overrides=run_overrides(models, tmp_path / "run", "run.steps=3", "run.save_every=1",
                                               "run.eval_every=0", "rollout.max_new_tokens=6",
                                               "reward.fn_timeout_s=1"))

@@ -11,6 +11,7 @@ from colocate.config import load_config
 from colocate.rollout.rollouts import WeightVersionMismatchError
 
 pytestmark = pytest.mark.slow
+SEEDS = (11, 12)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
 SOAK_STEPS = 50
 WARMUP = 10  # allocator pools, engine caches and the chunk tuner settle first
 MAX_SLOPE_MB_PER_STEP = 1.0  # a leak of one batch's tensors per step would be far above this
@@ -18,7 +19,7 @@ MAX_SLOPE_MB_PER_STEP = 1.0  # a leak of one batch's tensors per step would be f
 
 @pytest.fixture(scope="module")
 def models(tiny_pair):
-    return tiny_pair("soak", 11, 12)
+    return tiny_pair("soak", *SEEDS)
 
 
 @pytest.fixture(scope="module")
