@@ -53,8 +53,8 @@ class DataSource:
 
     def groups(self) -> Iterator[list[Sample]]:
         """New groups, one per ``next()``, named in the engine ranks' union: this rank's
-        k-th group is the union's group u = k·R + r (``union_id``), its n members indices
-        u·n … u·n + n − 1 (group None with n = 1). They share the next prompt of this rank's
+        k-th group is the union's group u = k·R + r, its n members indices u·n … u·n + n − 1
+        (:func:`group_names`; group None with n = 1). They share the next prompt of this rank's
         stream, drawn through a fixed, seeded cycle over the prompt set; each member has its
         own token budget (``response_budget`` at draw ``position · n + member``). Only the
         groups taken advance the position."""
@@ -62,10 +62,10 @@ class DataSource:
         while True:
             pos = self.position(self.drawn)
             prompt = self.prompts[pos % len(self.prompts)]
-            group = union_id(self.named // n, self.rank, self.ranks)
-            members = [Sample(sample_index(group, m, n), list(prompt.ids),
+            indices, group = group_names(self.named // n, self.rank, self.ranks, n)
+            members = [Sample(index, list(prompt.ids),
                               response_budget(self.rollout, self.seed, sample_index(pos, m, n)),
-                              group=group if n > 1 else None, record=dict(prompt.record)) for m in range(n)]
+                              group=group, record=dict(prompt.record)) for m, index in enumerate(indices)]
             self.drawn += 1
             self.named += n
             yield members
@@ -102,6 +102,13 @@ class DataSource:
         self.deferred = sorted((Sample.from_state(d) for d in state["deferred"]), key=lambda s: s.index)
 
 
+def group_names(local: int, rank: int, ranks: int, n: int) -> tuple[list[int], int | None]:
+    """The names of engine rank ``rank``'s ``local``-th group (of ``n`` samples) in the union
+    of ``ranks`` ranks: its members' indices and its group id (None with n = 1)."""
+    group = union_id(local, rank, ranks)
+    return [sample_index(group, m, n) for m in range(n)], (group if n > 1 else None)
+
+
 def saved_groups(state: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """The deferred groups of a saved rank state (:meth:`DataSource.state_dict`): each its
     samples' dicts in member order, the groups oldest first (by first index)."""
@@ -116,15 +123,14 @@ def state_holding(groups: Sequence[Sequence[dict[str, Any]]], group_size: int, r
                   dropped_total: int = 0) -> dict[str, Any]:
     """A saved state of engine rank ``rank`` of ``ranks``, at the stream's start, whose
     deferred buffer is ``groups`` (:func:`saved_groups` of other states) under fresh names:
-    they are this rank's first groups (group j the union's ``union_id(j, rank, ranks)``,
-    as :meth:`DataSource.groups` names them), and the next new group comes after them."""
-    n = group_size
+    they are this rank's first groups, named as :meth:`DataSource.groups` names them
+    (:func:`group_names`), and the next new group comes after them."""
     deferred = []
     for j, members in enumerate(groups):
-        group = union_id(j, rank, ranks)
-        deferred += [dict(d, index=sample_index(group, m, n), group=group if n > 1 else None)
-                     for m, d in enumerate(members)]
-    return {"data_pos": 0, "named": len(groups) * n, "dropped_total": int(dropped_total), "deferred": deferred}
+        indices, group = group_names(j, rank, ranks, group_size)
+        deferred += [dict(d, index=index, group=group) for index, d in zip(indices, members)]
+    return {"data_pos": 0, "named": len(groups) * group_size, "dropped_total": int(dropped_total),
+            "deferred": deferred}
 
 
 def redistribute(base: int, states: Sequence[dict[str, Any]], ranks: int,
