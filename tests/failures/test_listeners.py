@@ -24,6 +24,7 @@ from colocate.config import load_config
 from tests.failures.listeners import beyond_loopback, listeners_of
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 def test_a_run_listens_on_loopback_only(tiny_pair, run_overrides, engine_pool, tmp_path):

@@ -22,6 +22,7 @@ from colocate.run import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("run.steps=1", "run.eval_every=0", "rollout.max_new_tokens=6", "run.save_every=1")
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 def _records_line(out: Path, names: str) -> str:

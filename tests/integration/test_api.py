@@ -18,6 +18,7 @@ from colocate.config import load_config
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 OFFSET = 1000.0  # far above what the tiny random reward model scores
 
 

@@ -18,6 +18,7 @@ from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 def test_kept_engines_are_handed_over_for_an_equal_config_only(tiny_actor_path):

@@ -21,6 +21,7 @@ from colocate.engine.engine_config import default_attention_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 def test_the_check_script_runs_every_stage_and_writes_what_comes_back(tmp_path):

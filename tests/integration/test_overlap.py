@@ -18,6 +18,7 @@ from colocate.rollout.scoring import Scorer
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 

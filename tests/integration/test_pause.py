@@ -17,6 +17,7 @@ from colocate.rollout.sample import Sample, Status
 from tests.integration.test_engine_weights import buckets
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 BUDGETS = [4, 160, 160, 160]  # one short sample is the batch (B = 1); three long stragglers
 
@@ -245,7 +246,9 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
             ran.append(part.stats["overlap/auto_deferral"])
             if ran[-1] == 1.0:
                 assert part.stats["overlap/parked"] > 0  # stragglers left in the paused engine
-            assert s.actor.in_flight() == part.stats["overlap/parked"], ran  # nothing else runs into the sync:
+            # nothing but the parked requests is in the engine (one of them may have ended in SGLang
+            # as the pause came, its last output not yet read: parked, no longer in flight)
+            assert s.actor.in_flight() <= part.stats["overlap/parked"], ran  # nothing else runs into the sync:
             assert _flushes(s.actor), ran  # the scheduler lets go in a moment (retracted ones count as idle)
             s.state.weight_version += 1  # the step's sync, as the loop makes it
             s.engines.sharing.wake_and_sync(s.gather_weights, s.push_weights)

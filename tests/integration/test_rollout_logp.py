@@ -13,6 +13,7 @@ from colocate import api
 from colocate.config import load_config
 
 pytestmark = pytest.mark.slow
+SEEDS = (0, 2)  # the session's tiny_actor_path and tiny_rm_path: modules with equal seeds run one after another on the pool's engines (conftest)
 
 
 @pytest.mark.parametrize("temperature", ["1.0", "0"])
