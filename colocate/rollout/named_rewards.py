@@ -23,7 +23,7 @@ from colocate.assets.math_rule import math_reward
 from colocate.config import RewardConfig
 from colocate.config_checks import RULES
 from colocate.errors import ConfigError
-from colocate.rollout.by_name import load_attribute
+from colocate.rollout.by_name import FORMS, load_attribute
 from colocate.rollout.reward_fns import RewardFn, fn_name, wants_messages
 
 FIELD = "reward.fns"
@@ -50,7 +50,11 @@ def rule_fn(name: str, source: str) -> RewardFn:
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """The reward function ``spec`` names, checked to take ``(record, text)``."""
+    """The reward function ``spec`` names, checked to take ``(record, text)``; a shipped
+    rule's name is refused with the field that takes it (``reward.rule``)."""
+    if isinstance(spec, str) and spec.strip() in RULES:
+        raise ConfigError(f"{FIELD}: {spec.strip()!r} is a shipped rule, not a function: --set reward.rule={spec.strip()} "
+                          f"({FIELD} names your own functions, {FORMS})")
     fn = load_attribute(spec, FIELD, f"name {_SHAPE} defined there")
     return check_reward_fn(fn, f"{FIELD}={spec.strip()}")
 

@@ -131,6 +131,7 @@ def test_a_function_from_a_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec,needle", [
     ("constant", "reward.fns: 'constant' is not package.module:attr or path/file.py:attr"),
     (":constant", "is not package.module:attr"),
+    ("math", "reward.fns: 'math' is a shipped rule, not a function: --set reward.rule=math (reward.fns names your own"),
     ("no_such_pkg_xyz.rewards:fn",
      "reward.fns=no_such_pkg_xyz.rewards:fn: cannot import module 'no_such_pkg_xyz.rewards' (ModuleNotFoundError"),
     ("missing_file_xyz.py:fn", "reward.fns=missing_file_xyz.py:fn: no file 'missing_file_xyz.py'"),
