@@ -4,10 +4,11 @@ checkpoint fits the configured models.
 Owns: the run folder of ``--resume DIR`` (the folder itself or one of its
 ``checkpoints/step_*``); :func:`load_run_config` (the run's ``config.json``, then a YAML
 file and ``--set`` overrides on top); :func:`check_resume` (before anything starts: a
-checkpoint exists and is behind ``run.steps``, the keys in :data:`FIXED` are the run's,
-every other change named in one log line); :func:`check_checkpoint` (the checkpoint's
-actor and critic tensors against the configured models, a deferred buffer the configured
-mode would drop). Every refusal is one line naming the key and both values.
+checkpoint exists and is behind ``run.steps``, the keys in :data:`FIXED` (and :data:`LORA`
+where there is an adapter) are the run's, every other change named in one log line);
+:func:`check_checkpoint` (the checkpoint's actor and critic tensors against the
+configured models, a deferred buffer the configured mode would drop). Every refusal is
+one line naming the key and both values.
 
 Leaves out: loading the checkpoint into a session (``colocate.run.session``), the config
 format (``colocate.config``).
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from colocate.run import checkpoint
 from colocate.config import Config, from_dict, load_config, to_dict
 from colocate.errors import ConfigError
+from colocate.trainer.estimators import CRITIC_FREE
 
 # What a checkpoint depends on, so it cannot change mid-run. Everything else may (each change is logged).
 FIXED = (
@@ -35,6 +37,9 @@ FIXED = (
     "ppo.advantage",  # a critic is trained (gae) or none is saved (critic-free)
     "rollout.group_size",  # the data position counts groups; deferred groups have this size
 )
+# ... and in a run with a LoRA adapter (or a resume adding one), which weights carry one and
+# its shapes: the checkpoint holds those tensors and their optimizer state (lora.alpha may change)
+LORA = ("lora.rank", "lora.target_modules", "lora.actor", "lora.critic")
 _PATHS = ("models.actor", "models.reward", "models.critic", "run.out_dir")  # equal when they name one folder
 _FIX = "keep the run's value or start a new run (another run.out_dir)"
 
@@ -92,7 +97,16 @@ def _fixed_changes(saved: Config | None, cfg: Config, record: Mapping[str, Any])
     trained_from = [(key, value, getattr(cfg.models, key.split(".")[1])) for key, value in recorded.items()
                     if not _same(key, value, getattr(cfg.models, key.split(".")[1]))]
     changes = config_changes(saved, cfg) if saved is not None else []
-    return [c for c in changes if c[0] in FIXED and c[0] not in recorded] + trained_from
+    fixed = FIXED + (_adapter_keys(saved, cfg) if saved is not None else ())
+    return [c for c in changes if c[0] in fixed and c[0] not in recorded] + trained_from
+
+
+def _adapter_keys(saved: Config, cfg: Config) -> tuple[str, ...]:
+    """The :data:`LORA` keys a resume keeps: none when neither the run nor ``cfg`` has an
+    adapter; ``lora.critic`` only where a critic is trained (not under a critic-free estimator)."""
+    if not (saved.lora.rank or cfg.lora.rank):
+        return ()
+    return tuple(k for k in LORA if k != "lora.critic" or saved.ppo.advantage not in CRITIC_FREE)
 
 
 def config_changes(saved: Config, cfg: Config) -> list[tuple[str, Any, Any]]:
@@ -140,9 +154,8 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
 
 
 def _refuse_fixed(changes: Sequence[tuple[str, Any, Any]]) -> None:
-    """One line naming each :data:`FIXED` key among ``changes`` and both its values."""
-    fixed = [f"{key} cannot change when resuming (the run has {a!r}, this config {b!r})"
-             for key, a, b in changes if key in FIXED]
+    """One line naming each key of ``changes`` (the fixed ones a config changes) and both its values."""
+    fixed = [f"{key} cannot change when resuming (the run has {a!r}, this config {b!r})" for key, a, b in changes]
     if fixed:
         raise ConfigError("; ".join(fixed) + f"; {_FIX}")
 

@@ -77,6 +77,31 @@ def test_a_fixed_key_is_refused_in_one_line_naming_it_and_both_values(tmp_path, 
     assert f"(the run has {old!r}, this config {new!r})" in msg
 
 
+@pytest.mark.parametrize("run,override,refused", [
+    (["lora.rank=4"], "lora.rank=8", True),  # the adapter's shapes
+    ([], "lora.rank=4", True),  # an adapter added to a fully trained run
+    (["lora.rank=4"], "lora.rank=0", True),  # ... or taken away
+    (["lora.rank=4"], "lora.target_modules=q_proj,v_proj", True),
+    (["lora.rank=4"], "lora.actor=false", True),
+    (["lora.rank=4"], "lora.critic=false", True),
+    (["lora.rank=4", "ppo.advantage=grpo", "rollout.group_size=2"], "lora.critic=false", False),  # no critic
+    (["lora.rank=4"], "lora.alpha=32", False),  # a scale, no tensor
+    ([], "lora.target_modules=q_proj", False),  # no adapter before or after
+])
+def test_an_adapters_shape_and_place_are_kept_by_a_resume(tmp_path, run, override, refused):
+    """Before: a LoRA run resumed with another lora.rank started its engines and then was
+    refused by the tensor shapes, in a line telling to resume with the run's models.actor
+    (which it was)."""
+    make_run(tmp_path / "run", overrides=[*RUN, *run])
+    if not refused:
+        assert resume.load_run_config(tmp_path / "run", overrides=[override]) is not None
+        return
+    with pytest.raises(ConfigError) as e:
+        resume.load_run_config(tmp_path / "run", overrides=[override])
+    key, value = override.split("=")
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{key} cannot change when resuming (the run has ")
+
+
 def test_api_config_is_checked_against_the_run_and_changes_logged_in_one_line(tmp_path):
     saved = make_run(tmp_path / "run")
     lines = []
