@@ -5,10 +5,9 @@ Owns: the run folder of ``--resume DIR`` (the folder itself or one of its
 ``checkpoints/step_*``); :func:`load_run_config` (the run's ``config.json``, then a YAML
 file and ``--set`` overrides on top); :func:`check_resume` (before anything starts: a
 checkpoint exists and is behind ``run.steps``, the keys in :data:`FIXED` (and :data:`LORA`
-where there is an adapter) are the run's, every other change named in one log line);
-:func:`check_checkpoint` (the checkpoint's actor and critic tensors against the
-configured models, a deferred buffer the configured mode would drop). Every refusal is
-one line naming the key and both values.
+where there is an adapter) are the run's, a deferred buffer the configured mode would drop, every other change named in one log
+line); :func:`check_checkpoint` (the checkpoint's actor and critic tensors against the
+configured models). Every refusal is one line naming the key and both values.
 
 Leaves out: loading the checkpoint into a session (``colocate.run.session``), the config
 format (``colocate.config``).
@@ -145,12 +144,25 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
                           f"nothing to run; raise it (run.steps is the total), e.g. --set run.steps={step + 10}")
     saved = saved_config(run_dir)
     _refuse_fixed(_fixed_changes(saved, cfg, record))
+    _refuse_dropping_deferred(cfg, where)
     if saved is None:
         log(f"resume: no config.json in {run_dir}; the config is not compared with the run's")
         return
     changes = config_changes(saved, cfg)
     if changes:
         log("resume: changed " + ", ".join(f"{key} {a} -> {b}" for key, a, b in changes))
+
+
+def _refuse_dropping_deferred(cfg: Config, where: Path) -> None:
+    """``overlap.mode=sequential`` would drop the deferred samples the checkpoint ``where``
+    carries (its ``data`` part, read alone): one line."""
+    if cfg.overlap.mode != "sequential":
+        return
+    _, parts = checkpoint.load(where, only=("data",))
+    deferred = [d for state in parts.get("data", {}).get("ranks", []) for d in state["deferred"]]
+    if deferred:
+        raise ConfigError(f"overlap.mode=sequential would drop the {len(deferred)} deferred samples of "
+                          f"checkpoint '{where}'; resume with overlap.mode=inter, intra or oppo")
 
 
 def _refuse_fixed(changes: Sequence[tuple[str, Any, Any]]) -> None:
@@ -167,7 +179,7 @@ def shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, Shapes], cfg: Config) -> None:
     """The checkpoint's actor and critic fit the configured models (``live``: the trainer's
-    tensor shapes by part) and its deferred buffer the configured mode; else one line."""
+    tensor shapes by part); else one line."""
     recorded = checkpoint.manifest(where)["meta"].get("models", {})  # {} in older checkpoints
     configured = dataclasses.asdict(cfg.models)
     for part in live:
@@ -181,10 +193,6 @@ def check_checkpoint(where: Path, parts: Mapping[str, Any], live: Mapping[str, S
             f"--resume: checkpoint '{where}' holds {held} ({_count(saved):,} parameters) but {key} is "
             f"'{_spec(part, configured)}' ({_count(live[part]):,} parameters; {diff}); "
             f"resume with the run's {key} or start a new run")
-    deferred = [d for state in parts.get("data", {}).get("ranks", []) for d in state["deferred"]]
-    if deferred and cfg.overlap.mode == "sequential":
-        raise ConfigError(f"overlap.mode=sequential would drop the {len(deferred)} deferred samples of "
-                          f"checkpoint '{where}'; resume with overlap.mode=inter, intra or oppo")
 
 
 def _spec(part: str, models: Mapping[str, Any]) -> str | None:

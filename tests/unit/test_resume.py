@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -200,13 +201,23 @@ def test_older_checkpoint_without_recorded_models_still_checks_shapes(tmp_path):
 
 
 def test_sequential_mode_would_drop_deferred_samples_so_it_is_refused(tmp_path):
+    """Before any engine starts (it was refused after both engines and the trainer had
+    started): only the checkpoint's data part is read."""
     saved = make_run(tmp_path / "run")
-    where = checkpoint.latest(tmp_path / "run")
-    seq = load_config(overrides=[*RUN, "overlap.mode=sequential"])
-    with pytest.raises(ConfigError, match="overlap.mode=sequential would drop the 1 deferred samples"):
-        resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), seq)
-    resume.check_checkpoint(where, _parts((8, 4), (8, 4), ()), _live((8, 4), (8, 4)), seq)  # empty: fine
-    resume.check_checkpoint(where, _parts((8, 4), (8, 4), [{"index": 3}]), _live((8, 4), (8, 4)), saved)
+    seq = load_config(overrides=[*RUN, "overlap.mode=sequential", "run.steps=9"])
+    more = dataclasses.replace(saved, run=dataclasses.replace(saved.run, steps=9))
+
+    def checkpoint_with(deferred):
+        root = tmp_path / "run" / "checkpoints"
+        shutil.rmtree(root)
+        checkpoint.save(root, 4, {"run": {"step": 4}, "data": _parts((8, 4), (8, 4), deferred)["data"]})
+
+    checkpoint_with([{"index": 3}])
+    with pytest.raises(ConfigError, match="^overlap.mode=sequential would drop the 1 deferred samples"):
+        resume.check_resume(seq, tmp_path / "run", lambda m: None)
+    resume.check_resume(more, tmp_path / "run", lambda m: None)  # its own mode (oppo) keeps them
+    checkpoint_with([])
+    resume.check_resume(seq, tmp_path / "run", lambda m: None)  # nothing deferred: nothing dropped
 
 
 def test_cli_resume_prints_the_runs_config_and_refuses_another_actor(tmp_path):
