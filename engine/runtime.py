@@ -76,7 +76,8 @@ class SglangEngine:
             with sglang_api.child_threads(cfg.threads if platform.device == "cpu" else 0), \
                     sglang_api.child_progress_bars(sglang_api.shows_progress(cfg.log_level)), \
                     sglang_api.child_graph_memory(releasable_graphs(cfg, platform.device)), \
-                    sglang_api.child_rendezvous(self._store_dir / "store", platform.device, _shm_port(cfg)):
+                    sglang_api.child_rendezvous(self._store_dir / "store", platform.device, _shm_port(cfg)), \
+                    sglang_api.start_lines_dropped():
                 self._engine = api.Engine(**_server_kwargs(cfg, platform.device))  # a failed child raises here
         except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
             said = last_line(self._output.failed())

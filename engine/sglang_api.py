@@ -285,6 +285,36 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
+class _Dropped(logging.Filter):
+    """Drops the records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+SIGQUIT_LINE = ("sglang.srt.entrypoints.engine", "Using custom SIGQUIT handler")
+
+
+@contextlib.contextmanager
+def start_lines_dropped():
+    """An engine's start inside this block without the line SGLang 0.5 logs, at error level,
+    whenever a SIGQUIT handler is passed ("Using custom SIGQUIT handler: <function
+    child_quit at 0x...>", ``entrypoints/engine.py``): colocate always passes one
+    (``engine_config.child_quit``), so every start printed it, an error to read that
+    nothing had failed. Every other record of that logger stays; the filter goes with the block."""
+    name, prefix = SIGQUIT_LINE
+    logger, dropped = logging.getLogger(name), _Dropped(prefix)
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
+
+
 @lru_cache(maxsize=1)
 def attention_backends() -> tuple[str, ...]:
     """The attention backends SGLang's ``ServerArgs`` accepts (after :func:`prepare`; its

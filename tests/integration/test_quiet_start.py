@@ -1,6 +1,7 @@
 """A user sees colocate's lines, not SGLang's start-up noise: `colocate doctor` and a 2-step
 `colocate train` print none of SGLang's known-harmless import-time warnings (Triton / AWQ /
-GGUF "not supported", from this process and the engines' children) nor the resource
+GGUF "not supported", from this process and the engines' children), SGLang's error-level
+"Using custom SIGQUIT handler" line at each engine start, nor the resource
 tracker's leaked-semaphore note at exit — while any other warning still shows.
 
 Issue 40.5: at the default ``engines.log_level`` (error) `colocate train`, `export` and
@@ -20,7 +21,7 @@ import sys
 import pytest
 
 NOISE = ("Triton is not supported", "Only CUDA", "support AWQ", "GGUF quantization", "resource_tracker",
-         "Invalid -W option")
+         "Invalid -W option", "Using custom SIGQUIT handler")
 
 
 def _colocate(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ tests/integration/test_quiet_start.py, runs the real commands)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -91,3 +92,18 @@ def test_a_runs_log_level_comes_from_its_config(tmp_path):
     assert log_level_of(model) == "error"
     assert log_level_of(tmp_path / "missing") == "error"
     assert log_level_of("smollm2") == "error"
+
+
+def test_the_sigquit_handler_line_is_dropped_inside_the_block_only(caplog):
+    """SGLang logs "Using custom SIGQUIT handler: <function ...>" at error level at every
+    engine start colocate makes; the start drops it, and that logger's other records stay."""
+    name, prefix = sglang_api.SIGQUIT_LINE
+    logger = logging.getLogger(name)
+    with caplog.at_level(logging.ERROR, logger=name):
+        with sglang_api.start_lines_dropped():
+            logger.error(f"{prefix}: <function child_quit at 0x7f00>")
+            logger.error("Received sigquit from a child process.")
+        logger.error(f"{prefix}: after the block")
+    assert [r.getMessage() for r in caplog.records] == ["Received sigquit from a child process.",
+                                                       f"{prefix}: after the block"]
+    assert logger.filters == []
