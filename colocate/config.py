@@ -259,18 +259,42 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
+        text = p.read_text()
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            repeated = _repeated_key(yaml.compose(text, Loader=yaml.SafeLoader))
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
+        if repeated is not None:  # YAML keeps the last silently: a second section would reset the first's keys
+            key, first, again = repeated
+            raise ConfigError(f"config file '{path}': {key} is given twice (lines {first} and {again}); keep one")
     else:
         data = {}
     # the file and the overrides in one pass: a section is checked once, as both leave it
     cfg = _updated(cfg, data, parse_overrides(list(overrides)))
     validate(cfg)
     return cfg
+
+
+def _repeated_key(node: yaml.Node | None, path: tuple[str, ...] = ()) -> tuple[str, int, int] | None:
+    """The first key a mapping of the YAML ``node`` tree gives twice: (its dotted path, the
+    lines of both), or None."""
+    if isinstance(node, yaml.SequenceNode):
+        return next((found for item in node.value if (found := _repeated_key(item, path))), None)
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    seen: dict[str, int] = {}
+    for key, value in node.value:
+        name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+        if name in seen:
+            return ".".join((*path, name)), seen[name] + 1, key.start_mark.line + 1
+        seen[name] = key.start_mark.line
+        found = _repeated_key(value, (*path, name))
+        if found is not None:
+            return found
+    return None
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -57,6 +57,21 @@ def test_malformed_yaml(tmp_path):
     assert result.exit_code == 2 and "not valid YAML" in result.output
 
 
+@pytest.mark.parametrize("text,said", [
+    ("run:\n  steps: 3\n  steps: 4\n", "run.steps is given twice (lines 2 and 3); keep one"),
+    # a second section replaced the first whole: ppo.epochs went back to its default unsaid
+    ("ppo:\n  epochs: 3\nrollout:\n  batch_size: 4\nppo:\n  actor_lr: 1.0e-6\n", "ppo is given twice (lines 1 and 5)"),
+    ("engines:\n  sglang:\n    - {a: 1, a: 2}\n", "engines.sglang.a is given twice (lines 3 and 3)"),
+])
+def test_a_key_given_twice_in_the_yaml_is_one_line(tmp_path, text, said):
+    """Before: YAML's last one won, silently."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["train", str(path), "--print-config"])
+    assert result.exit_code == 2 and f"error: config file '{path}': {said}" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_bench_rejects_unknown_mode():
     result = CliRunner().invoke(main, ["bench", "--modes", "sequential,turbo"])
     assert result.exit_code == 2 and "turbo" in result.output
