@@ -135,7 +135,8 @@ def jsonl_prompts(path: str | Path, n: int | None = None, seed: int = 0, *, prom
             raise ConfigError(f'{FIELD}: {path} line {number} is {_a(record)}, not a JSON object with a "{prompt_key}" '
                               "field (data.prompt_key)")
         if prompt_key not in record:
-            raise ConfigError(f'{FIELD}: {path} line {number} has no "{prompt_key}" field (data.prompt_key)')
+            raise ConfigError(f'{FIELD}: {path} line {number} has no "{prompt_key}" field (data.prompt_key); '
+                              f"its fields: {', '.join(map(str, record)) or 'none'}")
         prompts.append(_row_prompt(record, f"line {number} of {path}", prompt_key, answer_key))
     return _shuffled_head(prompts, n, seed)
 

@@ -76,6 +76,14 @@ def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path, tiny_actor_pat
              f'data.source: {source} line 2 is a list, not a JSON object with a "prompt" field (data.prompt_key)')
 
 
+def test_a_jsonl_line_without_the_prompt_field_names_its_fields(tmp_path, tiny_actor_path):
+    """A chat dataset's "messages" rows: the line says which field to name (data.prompt_key)."""
+    source = tmp_path / "chat.jsonl"
+    source.write_text('{"messages": [{"role": "user", "content": "hi"}], "id": 3}\n')
+    _refused(_check(source, tiny_actor_path),
+             f'data.source: {source} line 1 has no "prompt" field (data.prompt_key); its fields: messages, id')
+
+
 def _parquet(path: Path) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
