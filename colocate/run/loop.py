@@ -167,16 +167,13 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
             version, samples = s.state.weight_version, []
             rec = _failing_like_a_step(s, lambda: step(s, samples), saved_at)
             history.append(rec)
-            log.write(rec)
+            log.write(rec)  # a records file that cannot be written: the step is trained again after --resume
             if s.is_main:  # what the model wrote: decoded on the rank that writes it only
                 log.write_samples(rec["step"], completions.rows(rec["step"], samples, s.decode, version,
                                                                 s.cfg.run.log_samples))
             if s.run.timeline is not None:
                 log.write_timeline(s.run.timeline.take())
-            for cb in callbacks:
-                cb(rec)
-            if progress is not None:
-                progress(rec)
+            _tell(s, rec, callbacks, progress, saved_at)
             last = s.state.step == s.cfg.run.steps
             if s.cfg.run.save_every > 0 and (s.state.step % s.cfg.run.save_every == 0 or last):
                 s.save_checkpoint()
@@ -186,6 +183,27 @@ def train(s: Session, callbacks: Sequence[StepCallback] = (), progress=None,
         # a resumed run: all its steps
         log.close(mlog.run_summary(mlog.read(log.path) or history, mlog.read(log.path.parent / "eval.jsonl")))
     return history
+
+
+def _tell(s: Session, rec: dict[str, Any], callbacks: Sequence[StepCallback], progress, saved_at: int | None) -> None:
+    """The caller's callbacks and progress after a completed step and its records, agreed by
+    every rank (``rank_failure.agree``). A failure there (a callback's own error) leaves the
+    trainer and the records as the step left them, so every rank first checkpoints that step
+    (unless it is written already) and then re-raises: the run resumes after it."""
+    def tell() -> None:
+        for cb in callbacks:
+            cb(rec)
+        if progress is not None:
+            progress(rec)
+
+    try:
+        rank_failure.agree(tell, s.dist, "callbacks")
+    except BaseException:
+        if saved_at != s.state.step:
+            path = s.save_checkpoint()
+            if path is not None:
+                s.log(f"checkpoint of the last completed step written to {path}")
+        raise
 
 
 def _failing_like_a_step(s: Session, run: Callable[[], Any], saved_at: int | None) -> Any:

@@ -97,6 +97,27 @@ def test_inter_mode_with_a_rule_reward_only(tiny_actor_path, tiny_rm_path, tmp_p
     assert len(seen) >= 8
 
 
+def test_a_failing_callback_keeps_the_completed_step_and_the_run_resumes_from_it(tiny_actor_path, tiny_rm_path,
+                                                                                 tmp_path, engine_pool):
+    """Before: a callback raising after step 1 of a run without periodic checkpoints
+    (run.save_every=0) lost that step: nothing was written, the trainer had moved."""
+    class Broke(Exception):
+        pass
+
+    def broken(rec):
+        raise Broke(f"the caller's callback failed after step {rec['step']}")
+
+    cfg = config(tiny_actor_path, tiny_rm_path, tmp_path / "cb", "run.save_every=0")
+    with pytest.raises(Broke, match="after step 1"):  # the caller's own error, as it raised it
+        api.train(cfg, callbacks=[broken], quiet=True, engines=engine_pool)
+    where = checkpoint.latest(tmp_path / "cb")
+    assert checkpoint.load(where)[0] == 1 and where.name == "step_00000001"
+    steps = []
+    summary = api.train(cfg, resume=tmp_path / "cb", quiet=True, engines=engine_pool, callbacks=[steps.append])
+    assert [rec["step"] for rec in steps] == [2]  # step 1 is not trained again
+    assert [h["step"] for h in summary.history] == [1, 2]  # the run's records: step 1's line written once
+
+
 def test_held_out_prompts_are_evaluated_and_never_trained_on(tiny_actor_path, tiny_rm_path, tmp_path, engine_pool):
     import collections
     import json
