@@ -29,7 +29,7 @@ from colocate.monitor.visible import LAYOUT, visible
 from colocate.quick_exit import skip_last_collection
 from colocate.tools import doctor as doc
 from colocate.tools.export import log_level_of
-from colocate.tools.sample import Generation, SampleOptions
+from colocate.tools.sample import DEVICES, DTYPES, Generation, SampleOptions
 
 
 def _friendly(fn):
@@ -296,8 +296,8 @@ _SAMPLE = SampleOptions()
 @click.option("--temperature", type=float, default=_SAMPLE.temperature, show_default=True, help="0: greedy.")
 @click.option("--top-p", type=float, default=_SAMPLE.top_p, show_default=True)
 @click.option("--seed", type=int, default=_SAMPLE.seed, show_default=True)
-@click.option("--device", default=_SAMPLE.device, show_default=True, help="auto | cpu | cuda")
-@click.option("--dtype", default=_SAMPLE.dtype, show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default=_SAMPLE.device, show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=_SAMPLE.dtype, show_default=True)
 @click.option("--no-chat", is_flag=True, help="Send the prompt text as is, without the chat template.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per prompt instead of text.")
 @_friendly
@@ -355,7 +355,7 @@ def show(run, step, all_steps, evaluation, width):
 
 @main.command()
 @click.option("--no-smoke", is_flag=True, help="Skip starting a tiny engine.")
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @_friendly
 def doctor(no_smoke, device):
     """Print device, versions, the CPU op stand-in status and the model cache, then

@@ -144,11 +144,36 @@ def tp_barrier(placement: Placement, dist) -> Callable[[], None] | None:
     return lambda: distributed.barrier(dist)
 
 
+def checked_device(cfg: Config) -> str:
+    """The run's device (:func:`run_device`) with the settings it cannot run refused
+    (:func:`check_device_choices`), then, for ``cuda``, CUDA there: each refusal one line
+    before anything starts (CUDA missing was a traceback from the process group's start:
+    "ProcessGroupNCCL is only supported with GPUs")."""
+    device = run_device(cfg)
+    check_device_choices(cfg, device)
+    if device == "cuda" and (why := cuda_missing()) is not None:
+        raise ConfigError(f"engines.device=cuda: {why}; use engines.device=auto (the CPU here) or cpu "
+                          "(colocate doctor: the driver)")
+    return device
+
+
 def run_device(cfg: Config) -> str:
     """cpu | cuda: ``engines.device``; auto: cuda where torch sees one."""
     if cfg.engines.device != "auto":
         return cfg.engines.device
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_missing() -> str | None:
+    """Why torch sees no CUDA device in this process (None: it sees one)."""
+    if torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    return "torch sees no CUDA device here (no NVIDIA GPU, or its driver is missing or too old)"
 
 
 def check_device_choices(cfg: Config, device: str) -> None:
@@ -337,8 +362,7 @@ def build(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     torch.manual_seed(cfg.run.seed)
     if cfg.run.train_threads > 0:
         torch.set_num_threads(cfg.run.train_threads)
-    device = run_device(cfg)
-    check_device_choices(cfg, device)
+    device = checked_device(cfg)
     dist = init_distributed(device, timeout_s=cfg.run.dist_timeout_minutes * 60)
     placement = placement_of(dist, cfg.engines.tp_size,
                              visible_gpus=torch.cuda.device_count() if dist.device.type == "cuda" else 0)

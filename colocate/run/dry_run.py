@@ -23,7 +23,7 @@ from colocate.config import Config
 from colocate.monitor.wandb_log import check_available
 from colocate.rollout.env import Environment
 from colocate.rollout.evaluation import held_out_note
-from colocate.run.builder import check_device_choices, environment, run_device, start_inputs
+from colocate.run.builder import checked_device, environment, start_inputs
 from colocate.run import run_folder
 from colocate.run.placement import Placement
 
@@ -57,8 +57,7 @@ def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None, resume
     ``resume``: the run folder or checkpoint the run would continue."""
     check_available(cfg.run)
     env = environment(cfg, env)
-    device = run_device(cfg)
-    check_device_choices(cfg, device)
+    device = checked_device(cfg)
     run_folder.check(cfg, resume)  # an earlier run's records, another run holding the folder
     placement = Placement(world=nproc, local_world=nproc, tp_size=cfg.engines.tp_size,
                           visible_gpus=torch.cuda.device_count() if device == "cuda" else 0)

@@ -26,6 +26,8 @@ from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig, compiled_cuda_kernels, default_attention_backend
 from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
+from colocate.errors import ConfigError
+from colocate.run.builder import cuda_missing
 from colocate.trainer.precision import auto_dtype, cpu_flags
 
 
@@ -44,8 +46,11 @@ def _version(pkg: str) -> str:
 
 
 def collect_facts(device: str = "auto") -> dict[str, str]:
-    """Versions, device and cache facts; prepares (but does not start) SGLang."""
+    """Versions, device and cache facts; prepares (but does not start) SGLang. ``cuda``
+    where torch sees none: one line saying why."""
     driver_ok, driver = nvidia_driver.driver_note(nvidia_driver.query())
+    if device == "cuda" and (why := cuda_missing()) is not None:
+        raise ConfigError(f"--device cuda: {why}; NVIDIA driver: {driver}")
     platform = sglang_api.prepare(device)
     cache = default_cache_dir()
     models = sorted(p.name for p in (cache / "models").glob("*")) if (cache / "models").is_dir() else []

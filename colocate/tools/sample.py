@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import typing
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,12 +19,16 @@ from colocate.run.checkpoint import MANIFEST
 from colocate.errors import ConfigError
 from colocate.assets.model_aliases import resolve_model
 from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
-from colocate.config import load_config
+from colocate.config import EnginesConfig, ModelsConfig, load_config
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample
 from colocate.engine.runtime import SglangEngine
 from colocate.rollout.generation import sampling_params
 from colocate.tools.export import export_actor, log_level_of
+
+
+DEVICES = typing.get_args(typing.get_type_hints(EnginesConfig)["device"])  # auto, cpu, cuda
+DTYPES = typing.get_args(typing.get_type_hints(ModelsConfig)["dtype"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +82,8 @@ def check(prompts: Sequence[str], opts: SampleOptions) -> None:
         (opts.max_new_tokens >= 1, f"--max-new-tokens {opts.max_new_tokens}: must be >= 1"),
         (0 <= opts.temperature < math.inf, f"--temperature {opts.temperature}: must be >= 0 and finite (0 is greedy)"),
         (0 < opts.top_p <= 1, f"--top-p {opts.top_p}: must be in (0, 1]"),
+        (opts.device in DEVICES, f"--device {opts.device!r}: one of {', '.join(DEVICES)}"),
+        (opts.dtype in DTYPES, f"--dtype {opts.dtype!r}: one of {', '.join(DTYPES)}"),
     ]
     for ok, message in problems:
         if not ok:
@@ -88,11 +95,13 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     """Responses of ``model`` to ``prompts`` (all sampled concurrently on one engine); ``log``
     gets a line for what was loaded (a run's export, the engine) and how long it took."""
     # here, not at the top: transformers (also via builder and session) would slow the CLI's start
-    from colocate.run.builder import engine_configs
+    from colocate.run.builder import cuda_missing, engine_configs
     from colocate.run.preflight import load_tokenizer, model_context_length
     from colocate.run.session import stop_ids
 
     check(prompts, opts)
+    if opts.device == "cuda" and (why := cuda_missing()) is not None:
+        raise ConfigError(f"--device cuda: {why}; use --device auto (the CPU here) or cpu (colocate doctor: the driver)")
     folder = model_folder(model, log)
     tokenizer = load_tokenizer(folder, "model")
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]

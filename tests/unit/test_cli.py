@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from colocate.cli import main
@@ -157,3 +158,34 @@ def test_a_section_is_checked_once_the_file_and_the_overrides_both_apply(tmp_pat
     assert result.exit_code == 0 and "kl_kind: fixed" in result.output
     result = CliRunner().invoke(main, ["train", str(cfg), "--print-config"])
     assert result.exit_code == 2 and "ppo.kl_coef must be > 0" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA says")
+@pytest.mark.parametrize("args,said", [
+    (["train", "--set", "engines.device=cuda", "--check"], "error: engines.device=cuda: torch sees no CUDA device"),
+    (["generate", "smollm2", "--prompt", "hi", "--device", "cuda"], "error: --device cuda: torch sees no CUDA device"),
+    (["doctor", "--device", "cuda"], "error: --device cuda: torch sees no CUDA device"),
+])
+def test_cuda_asked_of_a_machine_without_it_is_one_line(args, said):
+    """Before: train ended in a traceback from the process group's start ("ProcessGroupNCCL is
+    only supported with GPUs"), generate and doctor in torch's "Found no NVIDIA driver"."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and result.output.startswith(said), result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("option,value", [("--device", "tpu"), ("--dtype", "float8")])
+def test_generate_names_its_own_option_for_a_bad_choice(option, value):
+    """Before: the line named the config field it was passed on as (engines.device, models.dtype)."""
+    result = CliRunner().invoke(main, ["generate", "smollm2", "--prompt", "hi", option, value])
+    assert result.exit_code == 2 and f"Invalid value for '{option}': '{value}' is not one of" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA says")
+@pytest.mark.parametrize("hidden", ["", "-1"])
+def test_hidden_gpus_are_named_as_the_reason(monkeypatch, hidden):
+    from colocate.run.builder import cuda_missing
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+    assert cuda_missing() == (f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if torch.version.cuda else
+                              f"this torch ({torch.__version__}) is built without CUDA")
