@@ -167,6 +167,8 @@ def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env:
     from colocate.run import dry_run  # here, not at the top: it brings torch and transformers
 
     _check_config(cfg)
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(f"nproc: {nproc!r}; give the number of training processes, 1 or more")
     if resume is not None:
         from colocate.run.resume import check_resume
 

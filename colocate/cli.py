@@ -89,7 +89,7 @@ def main() -> None:
 @click.option("--check", is_flag=True,
               help="Run every check a run makes before its first engine starts (config, models, reward "
                    "functions, prompts loaded and tokenized, context lengths), print one line and exit.")
-@click.option("--nproc", type=int, default=1, show_default=True,
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Training processes on this node, started by torchrun (one FSDP shard each). "
                    "Several nodes: run torchrun yourself (README, \"Several processes and nodes\").")
 @_friendly

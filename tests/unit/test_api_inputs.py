@@ -83,3 +83,10 @@ def test_generate_from_a_run_without_a_checkpoint_names_generate(tmp_path):
     with pytest.raises(CheckpointError) as e:
         api.generate(tmp_path / "run", ["hi"])
     assert str(e.value) == f"generate: no checkpoint under '{tmp_path / 'run'}' (expected step_*/manifest.json)"
+
+
+@pytest.mark.parametrize("nproc", [0, -1, 1.5])
+def test_check_on_no_processes_is_one_line(nproc):
+    """Before: nproc=0 was a ZeroDivisionError from the placement, -1 checked ok."""
+    with pytest.raises(ConfigError, match=rf"^nproc: {nproc!r}; give the number of training processes, 1 or more$"):
+        api.check(load_config(), nproc=nproc)

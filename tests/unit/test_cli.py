@@ -189,3 +189,10 @@ def test_hidden_gpus_are_named_as_the_reason(monkeypatch, hidden):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
     assert cuda_missing() == (f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if torch.version.cuda else
                               f"this torch ({torch.__version__}) is built without CUDA")
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_nproc_below_one_is_refused_by_check_too(n):
+    """Before: --nproc 0 --check was a ZeroDivisionError, --nproc -1 --check said ok."""
+    result = CliRunner().invoke(main, ["train", "--nproc", n, "--check"])
+    assert result.exit_code == 2 and f"Invalid value for '--nproc': {n} is not in the range x>=1" in result.output
