@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from colocate.config import Config, to_dict
 from colocate.errors import ColocateError, ConfigError
@@ -157,6 +157,22 @@ def _check_config(cfg: Any) -> None:
                           "colocate.config.load_config(path, overrides) or Config()")
 
 
+def _callbacks(callbacks: Any) -> list[Callable[[dict[str, Any]], None]]:
+    """``train``'s callbacks as a list, each callable, or one line before anything starts
+    (a wrong one was a TypeError after the first step)."""
+    if callable(callbacks):
+        name = getattr(callbacks, "__name__", type(callbacks).__name__)
+        raise ConfigError(f"callbacks: one function ({name}), not a list of them; pass callbacks=[{name}]")
+    if isinstance(callbacks, (str, bytes, dict)) or not isinstance(callbacks, Iterable):
+        raise ConfigError(f"callbacks: {callbacks!r:.40} is not a list of functions; pass callbacks=[fn, ...]")
+    callbacks = list(callbacks)
+    for i, cb in enumerate(callbacks):
+        if not callable(cb):
+            raise ConfigError(f"callbacks[{i}]: {cb!r:.40} is not callable; pass functions that take a step's "
+                              "metrics (a dict)")
+    return callbacks
+
+
 def check(cfg: Config, *, resume: str | Path | None = None, nproc: int = 1, env: Environment | None = None):
     """What ``train`` (on ``nproc`` processes of this node) checks before its first engine
     starts, run alone, no engine started (``colocate train --check``): the config against
@@ -197,6 +213,7 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     from colocate.run import builder, loop  # here, not at the top: they bring torch and transformers
 
     _check_config(cfg)
+    callbacks = _callbacks(callbacks)
     check_main_guard(sys.modules["__main__"])
     started = time.perf_counter()
     log = (lambda m: None) if quiet else (lambda m: print(f"[colocate] {m}", flush=True))

@@ -90,3 +90,14 @@ def test_check_on_no_processes_is_one_line(nproc):
     """Before: nproc=0 was a ZeroDivisionError from the placement, -1 checked ok."""
     with pytest.raises(ConfigError, match=rf"^nproc: {nproc!r}; give the number of training processes, 1 or more$"):
         api.check(load_config(), nproc=nproc)
+
+
+@pytest.mark.parametrize("callbacks,said", [
+    (print, r"^callbacks: one function \(print\), not a list of them; pass callbacks=\[print\]$"),
+    ([print, 3], r"^callbacks\[1\]: 3 is not callable; pass functions that take a step's metrics \(a dict\)$"),
+    ("log", r"^callbacks: 'log' is not a list of functions"),
+])
+def test_bad_callbacks_are_one_line_before_anything_starts(callbacks, said):
+    """Before: a TypeError after the first step had trained."""
+    with pytest.raises(ConfigError, match=said):
+        api.train(load_config(), callbacks=callbacks)
