@@ -196,3 +196,38 @@ def test_nproc_below_one_is_refused_by_check_too(n):
     """Before: --nproc 0 --check was a ZeroDivisionError, --nproc -1 --check said ok."""
     result = CliRunner().invoke(main, ["train", "--nproc", n, "--check"])
     assert result.exit_code == 2 and f"Invalid value for '--nproc': {n} is not in the range x>=1" in result.output
+
+
+@pytest.mark.parametrize("override,said", [
+    ("ppo.clip_eps=-0.2", "ppo.clip_eps must be > 0"),
+    ("ppo.value_clip_eps=0", "ppo.value_clip_eps must be > 0"),
+    ("ppo.gamma=1.5", "ppo.gamma and ppo.lam must be in [0, 1]"),
+    ("ppo.lam=-0.1", "ppo.gamma and ppo.lam must be in [0, 1]"),
+    ("ppo.actor_lr=-1e-5", "ppo.actor_lr and ppo.critic_lr must be >= 0"),
+    ("ppo.weight_decay=-0.1", "ppo.weight_decay must be >= 0"),
+    ("ppo.max_grad_norm=0", "ppo.max_grad_norm must be > 0"),
+    ("ppo.value_coef=-1", "ppo.value_coef must be >= 0"),
+    ("run.save_every=-1", "run.save_every and run.keep_checkpoints must be >= 0"),
+    ("run.keep_checkpoints=-2", "run.save_every and run.keep_checkpoints must be >= 0"),
+    ("run.train_threads=-1", "run.train_threads must be >= 0"),
+    ("data.max_prompt_tokens=0", "data.max_prompt_tokens must be >= 1"),
+    ("rollout.length_sigma=0", "rollout.length_sigma and rollout.pareto_alpha > 0"),
+    ("rollout.length_median=-4", "rollout.length_median must be >= 0"),
+    ("engines.actor_max_total_tokens=0", "engines.actor_max_total_tokens and engines.reward_max_total_tokens must be"),
+    ("engines.sync_bucket_mb=0", "engines.sync_bucket_mb must be >= 1"),
+    ("engines.reward_threads=-1", "engines.actor_threads and engines.reward_threads must be >= 0"),
+    ("overlap.feeder_timeout_s=0", "overlap.feeder_timeout_s must be > 0"),
+    ("overlap.is_cap=0", "overlap.is_cap must be > 0"),
+])
+def test_a_number_out_of_its_range_is_one_line(override, said):
+    """Before: each was accepted (a negative learning rate trained away from the reward, a
+    negative save_every wrote no checkpoint, a 0 KV pool failed later in another line)."""
+    result = CliRunner().invoke(main, ["train", "--set", override, "--print-config"])
+    assert result.exit_code == 2 and said in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output
+
+
+@pytest.mark.parametrize("override", ["ppo.actor_lr=0", "ppo.gamma=0", "ppo.lam=1", "run.save_every=0",
+                                      "run.keep_checkpoints=0", "overlap.max_staleness=0", "rollout.length_median=0"])
+def test_the_edges_that_mean_something_stay(override):
+    assert CliRunner().invoke(main, ["train", "--set", override, "--print-config"]).exit_code == 0

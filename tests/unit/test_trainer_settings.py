@@ -19,6 +19,8 @@ from colocate.trainer.settings import TrainerSettings
 def _changed(value):
     if isinstance(value, bool):
         return not value
+    if isinstance(value, float) and 0 < value <= 1:  # stays in the bounds of gamma, lam
+        return value / 2
     if isinstance(value, (int, float)):
         return value + 1
     return value
