@@ -198,9 +198,9 @@ def train(cfg: Config, *, resume: str | Path | None = None, reward_fns: Sequence
     """Run PPO as configured. ``reward_fns(record, text)`` (sync or async; ``text``: the
     model's own turns; a ``messages`` parameter gets the trajectory as chat messages;
     ``colocate.rollout.reward_fns``) add to the reward model's score (or replace it with
-    ``reward.kind=rule``); ``callbacks`` get each step's
-    metrics (one that raises ends the run after that step's checkpoint, with its own error). ``run.out_dir`` must not hold an earlier run's records (``colocate.run.run_folder``:
-    refused in one line) unless ``resume`` continues it or ``run.overwrite_out_dir`` replaces
+    ``reward.kind=rule``); ``callbacks`` get each step's metrics (one that raises ends the run
+    after that step's checkpoint, with its own error). ``run.out_dir`` must not hold an
+    earlier run's records (``colocate.run.run_folder``: refused in one line) unless ``resume`` continues it or ``run.overwrite_out_dir`` replaces
     them, and is held for the run (a second run on it meanwhile is refused).
     ``resume``: a run folder or one of its checkpoints to continue from; ``cfg`` must
     keep that run's models and data (``colocate.run.resume.FIXED``;

@@ -53,7 +53,8 @@ def load_reward_fn(spec: str) -> RewardFn:
     """The reward function ``spec`` names, checked to take ``(record, text)``; a shipped
     rule's name is refused with the field that takes it (``reward.rule``)."""
     if isinstance(spec, str) and spec.strip() in RULES:
-        raise ConfigError(f"{FIELD}: {spec.strip()!r} is a shipped rule, not a function: --set reward.rule={spec.strip()} "
+        name = spec.strip()
+        raise ConfigError(f"{FIELD}: {name!r} is a shipped rule, not a function: --set reward.rule={name} "
                           f"({FIELD} names your own functions, {FORMS})")
     fn = load_attribute(spec, FIELD, f"name {_SHAPE} defined there")
     return check_reward_fn(fn, f"{FIELD}={spec.strip()}")

@@ -5,9 +5,10 @@ Owns: the run folder of ``--resume DIR`` (the folder itself or one of its
 ``checkpoints/step_*``); :func:`load_run_config` (the run's ``config.json``, then a YAML
 file and ``--set`` overrides on top); :func:`check_resume` (before anything starts: a
 checkpoint exists and is behind ``run.steps``, the keys in :data:`FIXED` (and :data:`LORA`
-where there is an adapter) are the run's, a deferred buffer the configured mode would drop, every other change named in one log
-line); :func:`check_checkpoint` (the checkpoint's actor and critic tensors against the
-configured models). Every refusal is one line naming the key and both values.
+where there is an adapter) are the run's, no deferred buffer the configured mode would drop,
+every other change named in one log line); :func:`check_checkpoint` (the checkpoint's actor
+and critic tensors against the configured models). Every refusal is one line naming the key
+and both values.
 
 Leaves out: loading the checkpoint into a session (``colocate.run.session``), the config
 format (``colocate.config``).

@@ -101,7 +101,8 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
 
     check(prompts, opts)
     if opts.device == "cuda" and (why := cuda_missing()) is not None:
-        raise ConfigError(f"--device cuda: {why}; use --device auto (the CPU here) or cpu (colocate doctor: the driver)")
+        raise ConfigError(f"--device cuda: {why}; use --device auto (the CPU here) or cpu "
+                          "(colocate doctor: the driver)")
     folder = model_folder(model, log)
     tokenizer = load_tokenizer(folder, "model")
     ids = [_prompt_ids(tokenizer, text, opts.chat) for text in prompts]
