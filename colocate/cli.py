@@ -345,11 +345,13 @@ def show(run, step, all_steps, evaluation, width):
       colocate show runs/default --step 3
       colocate show runs/default --eval --all-steps
     """
-    rows = completions.read(run, step, evaluation)
+    written = completions.read(run, None, evaluation)
+    rows = [r for r in written if step is None or r["step"] == step]
     if step is None and not all_steps and rows:
         rows = [r for r in rows if r["step"] == rows[-1]["step"]]
     if not rows:
-        raise click.ClickException(f"no samples of step {step} in {run}")
+        asked = f"of step {step} " if step is not None else ""
+        raise click.ClickException(f"no samples {asked}in {run}; it has {completions.written_steps(written)}")
     completions.show(rows, width=width, echo=click.echo)
 
 

@@ -70,10 +70,24 @@ def read(run_dir: str | Path, step: int | None = None, evaluation: bool = False)
     """Rows of ``samples.jsonl`` (or ``eval_samples.jsonl``) of a run folder, of one step or
     all; a missing file is a one-line error naming it and ``run.log_samples``."""
     path = Path(run_dir) / (EVAL_FILE if evaluation else TRAIN_FILE)
+    if not path.is_file() and not (Path(run_dir) / "config.json").is_file():
+        raise ConfigError(f"{run_dir}: not a run folder (no config.json, which a run writes as it starts); give a "
+                          "run's run.out_dir, e.g. runs/default")
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; runs write it with run.log_samples != 0"
                           + (" and run.eval_every > 0" if evaluation else ""))
     return [r for r in read_jsonl(path) if step is None or r["step"] == step]
+
+
+def written_steps(rows: Sequence[dict[str, Any]]) -> str:
+    """The steps ``rows`` hold, short: "steps 1-20", "step 4", "no step (the file is empty)"."""
+    steps = sorted({r["step"] for r in rows})
+    if not steps:
+        return "no step (the file is empty)"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else \
+        "steps " + ", ".join(map(str, steps))
 
 
 COLUMNS = ("step", "index", "prompt", "response", "reward", "parts", "length", "end")

@@ -66,7 +66,32 @@ def test_append_read_and_show(tmp_path, capsys):
 
 
 def test_a_missing_file_is_one_line_naming_the_setting(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a run folder: it wrote no samples
     for evaluation in (False, True):
         with pytest.raises(ConfigError) as info:
             completions.read(tmp_path, evaluation=evaluation)
         assert "\n" not in str(info.value) and "run.log_samples" in str(info.value)
+
+
+def test_a_folder_that_is_no_run_says_so(tmp_path):
+    """Before: it read as a run that wrote no samples ("runs write it with run.log_samples != 0")."""
+    with pytest.raises(ConfigError, match=r"not a run folder \(no config.json, which a run writes as it starts\)"):
+        completions.read(tmp_path)
+
+
+@pytest.mark.parametrize("steps,said", [([1, 2, 3, 4], "steps 1-4"), ([5], "step 5"), ([2, 5, 9], "steps 2, 5, 9"),
+                                        ([], "no step (the file is empty)")])
+def test_the_written_steps_in_short(steps, said):
+    assert completions.written_steps([{"step": s} for s in steps]) == said
+
+
+def test_show_of_a_step_not_written_names_those_that_are(tmp_path):
+    from click.testing import CliRunner
+    from colocate.cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    rows = [completions.row(s, _sample(i, [i, i + 1], [0, 0]), _decode, 0) for s, i in ((1, 0), (2, 1))]
+    completions.append(tmp_path / completions.TRAIN_FILE, rows)
+    result = CliRunner().invoke(main, ["show", str(tmp_path), "--step", "999"])
+    assert result.exit_code == 1 and result.output.strip() == f"Error: no samples of step 999 in {tmp_path}; it has steps 1-2"
+    assert CliRunner().invoke(main, ["show", str(tmp_path), "--step", "2"]).output.startswith("step 2 sample 1")
