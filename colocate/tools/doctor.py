@@ -27,7 +27,6 @@ from colocate.engine.engine_config import EngineConfig, compiled_cuda_kernels, d
 from colocate.engine.runtime import SglangEngine
 from colocate.tools import nvidia_driver
 from colocate.errors import ConfigError
-from colocate.run.builder import cuda_missing
 from colocate.trainer.precision import auto_dtype, cpu_flags
 
 
@@ -48,6 +47,8 @@ def _version(pkg: str) -> str:
 def collect_facts(device: str = "auto") -> dict[str, str]:
     """Versions, device and cache facts; prepares (but does not start) SGLang. ``cuda``
     where torch sees none: one line saying why."""
+    from colocate.run.builder import cuda_missing  # here, not at the top: the CLI imports this module (2x its start)
+
     driver_ok, driver = nvidia_driver.driver_note(nvidia_driver.query())
     if device == "cuda" and (why := cuda_missing()) is not None:
         raise ConfigError(f"--device cuda: {why}; NVIDIA driver: {driver}")
