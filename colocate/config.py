@@ -200,7 +200,7 @@ class OverlapConfig:
 
     @property
     def deferral(self) -> bool:
-        """Whether a step may defer (the scheduler's Δ and the staleness correction)."""
+        """Whether a step may defer (Δ, the data source's deferred samples and the staleness correction)."""
         return any(m in DEFERRED for m in self.modes)
 
     @property

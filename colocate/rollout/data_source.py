@@ -1,4 +1,6 @@
-"""The samples of one engine rank before and between the steps that run them.
+"""The samples of one engine rank outside the engine: before, between and around the steps
+that run them, and which of them each step runs and trains (OPPO's inter-step overlap, in
+plain Python).
 
 Owns: :class:`TokenizedPrompt` (a prompt of the data set as token ids, with its source
 record), :class:`DataSource`: the tokenized training prompts and the held-out ones, this
@@ -9,24 +11,45 @@ budget (:func:`response_budget`: fixed or drawn from a long tail), the names of 
 samples, given at birth in the engine ranks' union (this rank's g-th group is the union's
 group g·R + r, ``sample.union_id``; its members consecutive, ``sample.sample_index``), so
 the ranks' shares join by sorting on the index and a sample is never renamed; the
-deferred samples (partial, or finished and waiting for their group or the next step: the
-scheduler reads them each step, the ones the step takes or drops leave the buffer, and
-what the step defers enters it), and its own state: :meth:`DataSource.state_dict` and
-:func:`redistribute` (a resume on another number of engine ranks).
+deferred samples (partial, or finished and waiting for their group or the next step),
+and its own state: :meth:`DataSource.state_dict` and :func:`redistribute` (a resume on
+another number of engine ranks).
 
-Leaves out: which samples run when (``colocate.rollout.scheduler``), generating and scoring
-them (``colocate.rollout.rollouts``), the checkpoint's layout (``colocate.run.checkpoint_layout``).
+Each step, the length-aware schedule over them: :meth:`DataSource.plan` takes the step's
+B/n + Δ groups (B: the samples this rank trains per step, n: ``rollout.group_size``, Δ:
+the groups launched beyond B, ``colocate.rollout.controllers.DeltaController``) —
+complete deferred groups first (trained as they are), then partial ones (oldest first:
+their unfinished members launched again, their finished ones waiting beside them), then
+fresh groups — dropping (and counting) deferred groups with a member whose oldest token is
+more than ``overlap.drop_staleness`` versions behind; :meth:`DataSource.select` trains the
+first B/n groups to complete (the ready ones, then in the order their last member
+finished), so every step trains exactly B when at least B finish, and defers the rest:
+complete groups that finished late (trained first next step, not generated again) and
+incomplete groups whole, with their partial tokens, sampling logprobs and per-token
+weight versions. Complete means done (``Sample.done``: finished and scored); a parked
+sample whose stream ended while it waited is finished but unscored, and is launched
+again, for the step to score it. n = 1 is exactly the per-sample schedule. Between
+``plan`` and ``select`` the step's samples are the step's: the buffer holds the rest, and
+a checkpoint is taken between steps only.
+
+Leaves out: Δ and the chunk size (``colocate.rollout.controllers``), generating and
+scoring the launched samples (``colocate.rollout.schedule``, run by
+``colocate.rollout.rollouts``), correcting stale tokens (``trainer``), the checkpoint's
+layout (``colocate.run.checkpoint_layout``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from typing import Any, Iterator, Sequence
 
 from colocate.config import RolloutConfig
-from colocate.rollout.sample import Sample, sample_index, union_id
+from colocate.engine.errors import EngineError
+from colocate.monitor.timeline import Timeline, mark_fates
+from colocate.rollout.sample import Sample, group_member, sample_index, union_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +58,70 @@ class TokenizedPrompt:
 
     ids: tuple[int, ...]
     record: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one step runs: ``ready`` + ``waiting`` + ``launch`` together are the B+Δ
+    samples (groups)."""
+
+    launch: list[Sample]  # to generate: deferred partials and parked ones (oldest first), then new samples
+    ready: list[Sample]  # complete samples (groups) deferred last step: trained first, not generated
+    dropped: list[Sample]  # too stale to train on: never trained, report them
+    resumed: int  # how many of ``launch`` are deferred (partials, parked, or ended unscored)
+    delta: int
+    waiting: list[Sample] = dataclasses.field(default_factory=list)  # finished members of launched groups
+
+    @property
+    def taken(self) -> list[Sample]:
+        """The deferred samples this step takes (ready, waiting, launched again); the rest,
+        but ``dropped``, stay deferred."""
+        return self.ready + self.waiting + self.launch[: self.resumed]
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpenStep:
+    """A planned step until its :meth:`DataSource.select`."""
+
+    plan: Plan
+    keep: int  # B/n: the groups it trains
+    launched: frozenset[int]  # the indices of ``plan.launch``
+
+
+def groups_of(samples: Sequence[Sample]) -> list[list[Sample]]:
+    """``samples`` grouped by group id, groups in order of first appearance."""
+    out: dict[int, list[Sample]] = {}
+    for s in samples:
+        out.setdefault(s.group_id, []).append(s)
+    return list(out.values())
+
+
+def _too_stale(sample: Sample, version: int, limit: int) -> bool:
+    return bool(sample.versions) and version - min(sample.versions) > limit
+
+
+def _checked(members: list[Sample], n: int) -> list[Sample]:
+    """A fresh group as :meth:`DataSource.groups` must draw it: ``n`` new samples of one group
+    under consecutive indices."""
+    first = members[0].index if members else None
+    group = group_member(first, n)[0] if first is not None else None
+    ok = len(members) == n and all(s.index == first + m and not s.output_ids and (n == 1 or s.group == group)
+                                   for m, s in enumerate(members))
+    if not ok:
+        got = ", ".join(f"{s.index} (group {s.group}, {len(s.output_ids)} tokens)" for s in members) or "nothing"
+        raise EngineError(f"data source: drew samples {got}; expected {n} fresh samples of group {group} "
+                          "under consecutive indices")
+    return members
+
+
+def _check_sample(s: Sample) -> None:
+    n = len(s.output_ids)
+    if n > s.max_new_tokens or len(s.logprobs) != n or len(s.versions) != n:
+        raise EngineError(
+            f"sample {s.index}: {n} tokens, {len(s.logprobs)} logprobs, {len(s.versions)} "
+            f"versions, budget {s.max_new_tokens}: a resumed request overran its budget or "
+            "lost per-token data"
+        )
 
 
 @dataclasses.dataclass
@@ -50,6 +137,7 @@ class DataSource:
     named: int = 0  # samples this rank has named (its next group is this rank's named / n-th)
     dropped_total: int = 0  # deferred samples dropped as too stale
     deferred: list[Sample] = dataclasses.field(default_factory=list)  # ascending index: oldest first
+    _open: _OpenStep | None = dataclasses.field(default=None, repr=False)  # between plan() and select()
 
     def groups(self) -> Iterator[list[Sample]]:
         """New groups, one per ``next()``, named in the engine ranks' union: this rank's
@@ -75,6 +163,60 @@ class DataSource:
         streams interleaved from ``base``, disjoint, their union one rank's stream."""
         return self.base + union_id(drawn, self.rank, self.ranks)
 
+    def plan(self, batch_groups: int, delta: int, version: int, *, drop_staleness: int) -> Plan:
+        """The step's ``batch_groups`` + ``delta`` groups (B/n + Δ): the deferred ones first
+        (complete, then partial, oldest first; a group with a member more than
+        ``drop_staleness`` versions behind ``version``, the weight version the actor will
+        generate with, is dropped whole), then fresh groups (fewer when out of prompts).
+        What the step takes or drops leaves the buffer; the rest stays where it is."""
+        if self._open is not None:
+            raise EngineError("data source: plan() called again before select() closed the step")
+        groups = groups_of(sorted(self.deferred, key=lambda s: s.index))
+        stale = [any(_too_stale(s, version, drop_staleness) for s in g) for g in groups]
+        dropped = [s for g, bad in zip(groups, stale) if bad for s in g]
+        keep = [g for g, bad in zip(groups, stale) if not bad]
+        pool = batch_groups + delta
+        ready = [g for g in keep if all(s.done for s in g)][:pool]
+        partial = [g for g in keep if not all(s.done for s in g)][: pool - len(ready)]
+        resumed = [s for g in partial for s in g if not s.done]
+        fresh = [s for members in itertools.islice(self.groups(), pool - len(ready) - len(partial))
+                 for s in _checked(members, self.rollout.group_size)]
+        plan = Plan(resumed + fresh, [s for g in ready for s in g], dropped, len(resumed), delta,
+                    [s for g in partial for s in g if s.done])
+        self.take(plan.taken, dropped=dropped)
+        self._open = _OpenStep(plan, batch_groups, frozenset(s.index for s in plan.launch))
+        return plan
+
+    def select(self, ended: Sequence[Sample], timeline: Timeline | None = None) -> tuple[list[Sample], list[Sample]]:
+        """Close the step: ``ended`` is every launched sample, finished ones in completion
+        order (unfinished ones anywhere). Returns ``(train, defer)``: the plan's ready groups,
+        then the groups in the order their last member finished, B samples in all when that
+        many groups complete; everything else (incomplete groups whole) goes back to the
+        buffer. The fates (trained, deferred) are marked on ``timeline``."""
+        step = self._open
+        if step is None:
+            raise EngineError("data source: select() called without an open plan()")
+        got = sorted(s.index for s in ended)
+        if got != sorted(step.launched):
+            raise EngineError(
+                f"data source: select() got samples {got}, expected the launched "
+                f"{sorted(step.launched)}: every launched sample must come back"
+            )
+        for s in ended:
+            _check_sample(s)
+        order = {s.index: i for i, s in enumerate(s for s in ended if s.finished)}
+        ready = groups_of(step.plan.ready)
+        ran = groups_of(sorted(step.plan.waiting + list(ended), key=lambda s: s.index))
+        complete = sorted((g for g in ran if all(s.finished for s in g)),
+                          key=lambda g: max(order.get(s.index, -1) for s in g))
+        done = ready + complete
+        train = [s for g in done[: step.keep] for s in g]
+        defer = [s for g in done[step.keep:] for s in g] + [s for g in ran if not all(m.finished for m in g) for s in g]
+        self._open = None
+        self.defer(defer)
+        mark_fates(timeline, [s.index for s in train], [s.index for s in defer])
+        return train, defer
+
     def take(self, samples: Sequence[Sample], dropped: Sequence[Sample] = ()) -> None:
         """``samples`` leave the deferred buffer for a step (launched again, or trained as
         they are), ``dropped`` leave it as too stale to train on (counted); the rest stay
@@ -93,6 +235,8 @@ class DataSource:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's part (the stream's base is the run's: :func:`redistribute`)."""
+        if self._open is not None:
+            raise EngineError("data source: state_dict() mid-step (the step holds samples); checkpoint between steps")
         return {"data_pos": self.drawn, "named": self.named, "dropped_total": self.dropped_total,
                 "deferred": [s.state() for s in self.deferred]}
 
@@ -100,6 +244,7 @@ class DataSource:
         self.base, self.drawn = int(base), int(state["data_pos"])
         self.named, self.dropped_total = int(state["named"]), int(state["dropped_total"])
         self.deferred = sorted((Sample.from_state(d) for d in state["deferred"]), key=lambda s: s.index)
+        self._open = None
 
 
 def group_names(local: int, rank: int, ranks: int, n: int) -> tuple[list[int], int | None]:

@@ -11,7 +11,7 @@ model goes on from there — token in, token out, nothing decoded and re-encoded
 Uses of the engine (``colocate.engine.runtime.SglangEngine``): ``generate_stream``,
 ``abort``, ``weight_version``, ``context_length``.
 
-Leaves out: which samples to launch or defer (``colocate.rollout.scheduler``), the step's
+Leaves out: which samples to launch or defer (``colocate.rollout.data_source``), the step's
 schedule (``colocate.rollout.schedule``), what an environment answers and how its text
 becomes tokens (``colocate.rollout.turns``).
 """

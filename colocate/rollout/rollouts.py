@@ -1,20 +1,20 @@
 """The rollout phase of one engine rank, in every mode, and its lifetime: the one path
 every ``overlap.mode`` goes through.
 
-Owns: :class:`Rollouts`, which holds the length-aware scheduler (it reads, each step, the
-data source's deferred samples and draws fresh groups; the deferred ones the step takes
-or drops leave the data source's buffer, and what the step defers enters it, with the
-samples' prompt records, groups and, once finished, scores), the scorer
-(``colocate.rollout.scoring``), the chunk-size tuner, and — when a mode streams — the reward
+Owns: :class:`Rollouts`, which holds the Δ controller and the chunk-size tuner
+(``colocate.rollout.controllers``), the scorer (``colocate.rollout.scoring``), and — when a
+mode streams — the reward
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
 :meth:`Rollouts.rollout` takes the step's :class:`~colocate.modes.Mode` (``overlap.mode``,
-or auto's pick), plans B(+Δ) samples (B/n + Δ groups of n), runs them through the one
+or auto's pick), has the data source plan B(+Δ) samples (B/n + Δ groups of n:
+``DataSource.plan``, deferred ones first), runs them through the one
 schedule, ``colocate.rollout.schedule.Schedule`` — every sample scored after generation when the mode
 neither streams nor defers and nothing is carried (sequential), else streamed and/or
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
-the held-out evaluation through it too (greedy, scored after generation), and hands back
-what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``,
+the held-out evaluation through it too (greedy, scored after generation), has the data
+source select the first B/n complete groups and keep the rest (``DataSource.select``), and
+hands back what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``,
 :func:`rollout_stats`; ``overlap/staleness_*``, :func:`staleness_stats`;
 ``engine/<role>_requests``; ``overlap/*`` in every mode, incl. the ZeroMQ frames either end
 of the feeder channel refused or lost during the step; the feeder's counts come with its
@@ -27,8 +27,9 @@ checks every token's weight version against the trainer's (:func:`check_weight_v
 none newer, and all current unless stragglers are carried: a lost sync stops the run in
 one line).
 
-Leaves out: the schedule itself (``colocate.rollout.schedule``),
-scoring (``colocate.rollout.scoring``) and training.
+Leaves out: the schedule itself (``colocate.rollout.schedule``), which samples a step runs
+and trains (``colocate.rollout.data_source``), scoring (``colocate.rollout.scoring``) and
+training.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.errors import ColocateError
 from colocate.rollout.sample import Sample
-from colocate.monitor.timeline import Timeline, mark_fates
-from colocate.rollout.scheduler import ChunkSizeTuner, LengthAwareScheduler
+from colocate.monitor.timeline import Timeline
+from colocate.rollout.controllers import ChunkSizeTuner, DeltaController
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
 from colocate.engine.streamed import FeederLostError, ScoreClient
@@ -183,8 +184,9 @@ def auto_policy(o: OverlapConfig, streams: bool = True) -> AutoPolicy:
 
 
 class Rollouts:
-    """Scheduler + scorer + tuner (+ feeder) of one engine rank; ``batch_size``: the samples
-    it trains per step (its share of ``rollout.batch_size``); Δ counts per rank."""
+    """Δ controller + scorer + tuner (+ feeder) of one engine rank; ``batch_size``: the samples
+    it trains per step (its share of ``rollout.batch_size``, a multiple of
+    ``rollout.group_size``); Δ counts groups, per rank."""
 
     def __init__(self, cfg: Config, actor, reward_engine, feeder_engine: EngineConfig | None, log=print, *,
                  reward_fns: Sequence[RewardFn] = (), decode=None, batch_size: int | None = None,
@@ -205,7 +207,8 @@ class Rollouts:
         self.live = LiveRequests()  # stragglers parked in the actor engine (pause_mode in_place/retract)
         self.schedule = schedule.Schedule(actor, pause_mode=o.pause_mode if o.deferral else "abort", live=self.live,
                                           timeline=timeline, turns=self.turns)
-        self.scheduler = LengthAwareScheduler(o, batch_size or cfg.rollout.batch_size, cfg.rollout.group_size)
+        self.batch_groups = (batch_size or cfg.rollout.batch_size) // cfg.rollout.group_size  # B/n, trained per step
+        self.delta_ctl = DeltaController(o)
         self.picker = ModePicker(auto_policy(o, streams=reward_engine is not None or feeder_engine is not None)) \
             if o.mode == "auto" else None
         self.tuner = ChunkSizeTuner(o)
@@ -290,14 +293,14 @@ class Rollouts:
     # ---- one step ----------------------------------------------------------------------
     def rollout(self, data: DataSource, step: int, version: int) -> StepRollout:
         """Plan, generate, score, cut; returns the B samples (B/n groups) to train on, in
-        order. ``data``: this rank's data source, which hands the scheduler its deferred
-        samples and fresh groups and keeps what the step defers. The step's mode is
-        ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
+        order. ``data``: this rank's data source, which plans the step (its deferred
+        samples, then fresh groups), selects what it trains and keeps what it defers. The
+        step's mode is ``overlap.mode``, or the picker's under ``overlap.mode=auto``."""
         served = self._requests()
         name, measured = self.picker.choose() if self.picker is not None else (self.cfg.overlap.mode, False)
         step_mode = by_name(name)
-        plan = self.scheduler.plan(data.deferred, data.groups(), version, defer=step_mode.defers)
-        data.take(plan.taken, dropped=plan.dropped)
+        plan = data.plan(self.batch_groups, self.delta_ctl.delta if step_mode.defers else 0, version,
+                         drop_staleness=self.cfg.overlap.drop_staleness)
         carried = bool(plan.ready or plan.waiting or plan.resumed or len(self.live))
         if self.client is not None:
             self.client.last_heard = time.monotonic()  # the loop slept while training
@@ -305,21 +308,16 @@ class Rollouts:
             self.env.step_started()  # nor do environment calls parked across it count that time
         self.check_feeder()
         started = time.perf_counter()
-        ending = [s.index for s in plan.dropped]  # too stale to train on: their parked requests end
-        if not step_mode.defers:  # no cut pauses the engine again: a parked request this step does not
-            launched = {s.index for s in plan.launch}  # launch would run on, unconsumed, into the weight
-            ending += [i for i in self.live.indices() if i not in launched]  # sync (its copy stays deferred)
-        if ending and len(self.live):
-            run_guarded([self.actor], self.schedule.end_parked(ending))
         plain = step_mode.plain and not carried  # sequential: generate all, then score all
+        # parked streams of samples still deferred stay parked through a step that cuts; the rest end
+        keep_parked = {s.index for s in data.deferred} if step_mode.defers else set()
         try:
-            seconds, ended, chunk = self._run_step(plan, step_mode, step, score_at_end=plain)
+            seconds, ended, chunk = self._run_step(plan, step_mode, step, score_at_end=plain, keep_parked=keep_parked)
         finally:
             if self.env is not None:
                 self.env.step_ended()
         elapsed = time.perf_counter() - started
-        train, defer = self.scheduler.select(ended)
-        data.defer(defer)
+        train, _ = data.select(ended, self.schedule.timeline)  # the rest stays deferred
         if self.picker is not None:  # a step that finishes what deferral left is not the mode's cost
             self._record_auto(step, name, elapsed, len(train), measured and (step_mode.defers or not carried))
         stats = {"deferred": len(data.deferred), "parked": len(self.live), "delta": plan.delta,
@@ -331,7 +329,6 @@ class Rollouts:
         requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
         stats = {**rollout_stats(train, self.turns is not None), **env,
                  **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
-        mark_fates(self.schedule.timeline, [s.index for s in train], [s.index for s in defer])
         return StepRollout(train, seconds, stats)
 
     def _requests(self) -> dict[str, int]:
@@ -339,7 +336,7 @@ class Rollouts:
         engines = {"actor": self.actor, "reward": self.reward_engine}
         return {role: eng.requests for role, eng in engines.items() if eng is not None}
 
-    def _run_step(self, plan, step_mode: Mode, step: int, score_at_end: bool):
+    def _run_step(self, plan, step_mode: Mode, step: int, score_at_end: bool, keep_parked: set[int]):
         """``plan`` through the one schedule (``colocate.rollout.schedule.Schedule``): streamed scoring when
         the mode streams, the cut after the first B/n groups when it defers, every sample
         scored after generation when ``score_at_end`` (a sequential step with nothing
@@ -351,12 +348,12 @@ class Rollouts:
             return res.seconds, res.completed + res.unfinished, 0
         streams = self.client is not None and step_mode.streams
         chunk = self.tuner.chunk_for_step(step) if streams else 0
-        need = max(0, self.scheduler.batch_groups - len({s.group_id for s in plan.ready}))
+        need = max(0, self.batch_groups - len({s.group_id for s in plan.ready}))
         started = time.perf_counter()
         res = run_guarded([self.actor, *self.scorer.engines], self.schedule.run(
             plan.launch, self.sampling, step, score=self.scorer,
             stream=schedule.Stream(self.client, chunk) if streams else None,
-            cut_after=need if step_mode.defers else None))
+            cut_after=need if step_mode.defers else None, keep_parked=keep_parked))
         if streams:
             self.tuner.record(step, chunk, time.perf_counter() - started)
         return res.seconds, res.completed + res.unfinished, chunk
@@ -399,8 +396,8 @@ class Rollouts:
 
     def evaluate(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """The held-out evaluation after ``step``: ``samples`` generated greedily and scored
-        like training, on the sequential schedule, outside the scheduler (request ids ``ev``;
-        through a feeder process under evaluation step ids)."""
+        like training, on the sequential schedule, outside the data source's plan (request
+        ids ``ev``; through a feeder process under evaluation step ids)."""
         scorer = self.scorer
         if scorer.whole is not None:
             scorer = dataclasses.replace(scorer, whole=self._whole(EVAL_STEP_BASE))
@@ -409,16 +406,16 @@ class Rollouts:
         return res.seconds
 
     def observe_reward(self, mean_reward: float) -> None:
-        self.scheduler.observe_reward(mean_reward)
+        self.delta_ctl.update(mean_reward)
 
     def state_dict(self) -> dict[str, Any]:
         """The Δ controller, chunk tuner and (``overlap.mode=auto``) the picker; the deferred
         samples are the data source's (``DataSource.state_dict``)."""
         auto = {"auto": self.picker.state_dict()} if self.picker is not None else {}
-        return {**self.scheduler.state_dict(), "tuner": self.tuner.state_dict(), **auto}
+        return {"delta": self.delta_ctl.state_dict(), "tuner": self.tuner.state_dict(), **auto}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state)
+        self.delta_ctl.load_state_dict(state["delta"])
         self.tuner.load_state_dict(state["tuner"])
         if self.picker is not None and "auto" in state:
             self.picker.load_state_dict(state["auto"])

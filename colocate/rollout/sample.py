@@ -8,7 +8,7 @@ the engine ranks' union of it (:func:`union_id`), a multi-turn trajectory's sett
 (:class:`MultiTurn`, :class:`TurnReply`) and the budget check against a context.
 
 Leaves out: generating it on the actor engine (``colocate.rollout.generation``), which
-samples to launch or defer (``colocate.rollout.scheduler``), the step's schedule
+samples to launch or defer (``colocate.rollout.data_source``), the step's schedule
 (``colocate.rollout.schedule``), scoring (``colocate.rollout.scoring``).
 """
 
@@ -55,7 +55,7 @@ class PromptTooLongError(ColocateError):
 def sample_index(group: int, member: int, n: int) -> int:
     """The index of member ``member`` of group ``group`` (``n`` samples per group): samples
     of one group are ``n`` consecutive indices, group g holding g·n … g·n + n - 1. The one
-    place this encoding lives (the data source names by it, the scheduler checks it)."""
+    place this encoding lives (the data source names by it and checks its fresh groups by it)."""
     return group * n + member
 
 

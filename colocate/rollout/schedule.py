@@ -33,7 +33,7 @@ sample, ``Status.PARKED``, and it waits among the deferred ones, growing while i
 runs on (until the engine pauses). When a later step launches it again, it adopts the
 live stream instead of sending a new request: the tokens produced meanwhile, and the
 finish, are already there; a stream that ended while parked is finished but not scored
-(not ``Sample.done``), so the scheduler launches it again and the step scores it without
+(not ``Sample.done``), so the data source's plan launches it again and the step scores it without
 a request. A checkpoint saves a parked sample as an abort at that point gives it
 (``Sample.state``), so a resumed run re-generates its rest and nothing is trained twice.
 
@@ -41,7 +41,7 @@ Every change of a sample's status happens here: running while its stream runs, p
 then finished or deferred as its stream ends (``Sample.settle``, whichever step or none
 is consuming it).
 
-Leaves out: which samples to launch and what to defer (``colocate.rollout.scheduler``), when the
+Leaves out: which samples to launch and what to defer (``colocate.rollout.data_source``), when the
 engine continues after a weight sync (the time-sharing, after the KV wake), training.
 """
 
@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Collection, Sequence
 
 from colocate.engine.streamed import Chunker, ScoreClient
 from colocate.monitor.timeline import Timeline, mark
@@ -310,7 +310,7 @@ class Schedule:
 
     async def run(self, samples: Sequence[Sample], sampling: dict[str, Any], step: int, *,
                   score: SampleScore | None = None, stream: Stream | None = None, cut_after: int | None = None,
-                  tag_prefix: str = "op") -> OverlapResult:
+                  keep_parked: Collection[int] = (), tag_prefix: str = "op") -> OverlapResult:
         """Generate ``samples``; score each as it goes (model scores streamed through
         ``stream``'s client, whose own deadline applies; each finished sample's reward by
         ``score``, which scores one-shot what did not stream); after ``cut_after`` groups have
@@ -322,12 +322,19 @@ class Schedule:
         trajectory (``colocate.rollout.generation.stream_sample``): an abort reaches it
         mid-turn (its request) or between turns (after the environment's answer); parked, its
         request waits in the paused engine, or, between turns, it waits after the
-        environment's answer until a later step adopts it. Request ids start with
-        ``tag_prefix``."""
+        environment's answer until a later step adopts it. A parked stream this step does not
+        launch ends first (its sample deferred with what it generated: too stale to train on,
+        or a step without a cut, which would let it run on unconsumed into the weight sync),
+        but those of ``keep_parked`` (samples still deferred, parked on through a step that
+        cuts). Request ids start with ``tag_prefix``."""
         actor, live, timeline, turns, pause_mode = self.actor, self.live, self.timeline, self.turns, self.pause_mode
         client, chunk = (stream.client, stream.chunk) if stream is not None else (None, 64)
         tag = f"{tag_prefix}{step:07d}"
         check_budget(samples, actor.context_length)
+        launched = {s.index for s in samples}
+        ending = [i for i in (live.indices() if live is not None else ()) if i not in launched and i not in keep_parked]
+        if ending:
+            await live.discard(actor, ending)
         clock = _Clock(time.perf_counter())
         completed: list[Sample] = []
         run = _Run(live if pause_mode != "abort" else None, timeline, turns)

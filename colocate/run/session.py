@@ -4,7 +4,7 @@ Owns: :class:`Session`, one run on a rank as eight owners, each keeping its own 
 the config, the process group, the trainer, this rank's engines (``RankEngines``: where
 they run, their time-sharing with the trainer, the tensor-parallel exchange), its data
 source (``DataSource``: prompts, position, deferred samples), its rollout phase
-(``Rollouts``: scheduler, chunk tuner, feeder), the run's progress (:class:`RunState`:
+(``Rollouts``: Δ controller, chunk tuner, feeder), the run's progress (:class:`RunState`:
 step, weight version, KL controller, phase) and what the run reads and writes
 (:class:`RunContext`); and what spans them: the plain-Python snapshot that lets a failed
 rollout checkpoint the last completed step, a checkpoint as those owners' states side by

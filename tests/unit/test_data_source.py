@@ -9,7 +9,7 @@ import itertools
 
 from colocate.config import OverlapConfig, RolloutConfig
 from colocate.rollout.sample import Sample, Status
-from colocate.rollout.scheduler import LengthAwareScheduler
+from colocate.rollout.controllers import DeltaController
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource, TokenizedPrompt, response_budget
 
@@ -117,13 +117,14 @@ def test_fewer_ranks_get_every_deferred_group_under_fresh_indices():
     # oldest first (the union's names are the age): rank 1's group 7, rank 0's group 8, rank 1's group 11
     assert [(d["index"], d["group"], d["score"]) for d in state["deferred"]] == [
         (0, 0, 14.0), (1, 0, 15.0), (2, 1, 16.0), (3, 1, 17.0), (4, 2, 22.0), (5, 2, 23.0)]
-    # a real data source takes it, and a real scheduler (with the first rank's Δ 2, as the
-    # session hands it every rank) plans the carried groups before new ones
+    # a real data source takes it and (with the first rank's Δ 2, as the session hands it
+    # every rank) plans the carried groups before new ones
     data = DataSource(PROMPTS, RolloutConfig(group_size=n, max_new_tokens=4), seed=0)
     data.load_state_dict(base, state)
-    sched = LengthAwareScheduler(OverlapConfig(mode="inter", delta_init=1, delta_max=2), 4, n)
-    sched.load_state_dict({"delta": {"delta": 2, "rewards": [0.1, 0.2]}})
-    plan = sched.plan(data.deferred, data.groups(), current_version=0)
+    overlap = OverlapConfig(mode="inter", delta_init=1, delta_max=2)
+    delta = DeltaController(overlap)
+    delta.load_state_dict({"delta": 2, "rewards": [0.1, 0.2]})
+    plan = data.plan(4 // n, delta.delta, 0, drop_staleness=overlap.drop_staleness)
     assert [s.group_id for s in plan.ready] == [0, 0, 1, 1, 2, 2]
     # pool 2 + Δ 2 = 4 groups: the 3 carried, then one new group under the next fresh indices
     assert [(s.index, s.group) for s in plan.launch] == [(6, 3), (7, 3)]

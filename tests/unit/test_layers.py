@@ -202,7 +202,7 @@ def test_room_check_catches_an_upward_import(tmp_path):
 
 
 # the rollout room's bookkeeping: which samples exist, run and wait, in plain Python (tested without an engine)
-PLAIN_ROLLOUT = ("colocate/rollout/data_source.py", "colocate/rollout/scheduler.py", "colocate/rollout/auto_mode.py")
+PLAIN_ROLLOUT = ("colocate/rollout/data_source.py", "colocate/rollout/controllers.py", "colocate/rollout/auto_mode.py")
 ENGINE_IO = ("sglang", "sgl_kernel", "colocate.engine.runtime", "colocate.engine.sglang_api", "colocate.rollout.schedule",
              "torch", "zmq")
 
@@ -216,17 +216,19 @@ def engine_io_imports(root: Path = ROOT) -> list[str]:
 
 
 def test_the_rollout_rooms_bookkeeping_is_plain_python():
-    """The data source, the scheduler and auto's picker: no engine I/O (their tests need none),
-    and the scheduler is no longer in engine/, which keeps SGLang's input and output only."""
+    """The data source (with the step's plan and select), the overlap's controllers and auto's
+    picker: no engine I/O (their tests need none), and the scheduler is no longer in engine/,
+    which keeps SGLang's input and output only."""
+    assert all((ROOT / rel).exists() for rel in PLAIN_ROLLOUT)
     assert engine_io_imports() == []
     assert not (ROOT / "engine" / "scheduler.py").exists() and not (ROOT / "colocate/run/prompt_stream.py").exists()
 
 
 def test_plain_python_check_catches_engine_io(tmp_path):
     (tmp_path / "colocate" / "rollout").mkdir(parents=True)
-    (tmp_path / "colocate" / "rollout" / "scheduler.py").write_text(
+    (tmp_path / "colocate" / "rollout" / "data_source.py").write_text(
         "from colocate.rollout.sample import Sample\nfrom colocate.engine.runtime import run_guarded\n")
-    assert engine_io_imports(tmp_path) == ["colocate/rollout/scheduler.py:2 imports colocate.engine.runtime"]
+    assert engine_io_imports(tmp_path) == ["colocate/rollout/data_source.py:2 imports colocate.engine.runtime"]
 
 
 # a sample's life (the sample, its status, its generation and the step's schedule) lives in

@@ -6,9 +6,9 @@ The ``ppo`` and ``lora`` sections are the trainer's own (`colocate.trainer.secti
 from a config field of another section (`FROM_CONFIG`) default to that field's default,
 and a non-default value there arrives; the rest are listed in `NOT_FROM_CONFIG` with the
 reason. A bench or test that builds `TrainerSettings` directly then trains as a default
-configured run does, and a new field has to be placed here. The scheduler and the chunk
+configured run does, and a new field has to be placed here. The Δ controller and the chunk
 tuner have no settings of their own: they take the `overlap` section itself
-(`colocate.rollout.scheduler`).
+(`colocate.rollout.controllers`).
 """
 
 from __future__ import annotations

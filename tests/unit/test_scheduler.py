@@ -1,10 +1,12 @@
-"""colocate/rollout/scheduler.py: Δ adaptation against a hand computation, launch order and unique
-indices, budget accounting across deferrals, exactly-B selection, staleness drops, the
-chunk-size tuner, and JSON state round-trips. Each is handed an ``overlap`` section as a
-run's config holds it (:func:`deferring`: a mode that defers); its rules are refused when
-the config is loaded. The deferred samples and fresh groups come from a real data source
-(``colocate.rollout.data_source.DataSource``), fed to the scheduler as ``Rollouts.rollout``
-feeds it (:func:`plan`, :func:`select`)."""
+"""The length-aware schedule of the data source's samples (``DataSource.plan`` and
+``select``, colocate/rollout/data_source.py) and the overlap's controllers
+(colocate/rollout/controllers.py): Δ adaptation against a hand computation, launch order
+and unique indices, budget accounting across deferrals, exactly-B selection, staleness
+drops, the chunk-size tuner, and JSON state round-trips. Each is handed an ``overlap``
+section as a run's config holds it (:func:`deferring`: a mode that defers); its rules are
+refused when the config is loaded. A real data source plans and selects as
+``Rollouts.rollout`` has it do (:func:`plan`, ``DataSource.select``, with B/n and the Δ controller
+a :class:`Rank` holds, as ``Rollouts`` does)."""
 
 import itertools
 import json
@@ -16,12 +18,7 @@ from hypothesis import strategies as st
 from colocate.config import OverlapConfig, RolloutConfig, load_config
 from colocate.engine.errors import EngineError
 from colocate.errors import ConfigError
-from colocate.rollout.scheduler import (
-    ChunkSizeTuner,
-    DeltaController,
-    LengthAwareScheduler,
-    reward_slope,
-)
+from colocate.rollout.controllers import ChunkSizeTuner, DeltaController, reward_slope
 from colocate.rollout.data_source import DataSource, TokenizedPrompt
 
 PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(256)]  # stream position i: prompt [1, 2, i]
@@ -37,22 +34,30 @@ def source(budget=8):
     return DataSource(PROMPTS, RolloutConfig(group_size=1, max_new_tokens=budget, length_dist="fixed"), seed=0)
 
 
-def plan(sched, data, version, limit=None, **kw):
-    """``sched.plan`` handed ``data``'s deferred samples and fresh groups (no sample with an
-    index >= ``limit``: out of prompts); the ones the step takes or drops leave the buffer."""
-    fresh = data.groups()
-    if limit is not None:
-        fresh = itertools.islice(fresh, max(0, limit - data.named))
-    p = sched.plan(data.deferred, fresh, version, **kw)
-    data.take(p.taken, dropped=p.dropped)
-    return p
+class Rank:
+    """What ``Rollouts`` holds for the plan of one engine rank's steps: the ``overlap``
+    section, B/n (``batch_size`` B, ``group_size`` n) and the Δ controller."""
+
+    def __init__(self, overlap, batch_size, group_size):
+        self.overlap, self.batch_groups = overlap, batch_size // group_size
+        self.delta_ctl = DeltaController(overlap)
 
 
-def select(sched, data, ended):
-    """``sched.select``; what it defers goes back to ``data``."""
-    train, defer = sched.select(ended)
-    data.defer(defer)
-    return train, defer
+class OutOfPrompts(DataSource):
+    """A data source whose stream ends before index ``limit`` (``groups`` runs out)."""
+
+    def __init__(self, limit, *args, **kw):
+        super().__init__(*args, **kw)
+        self.limit = limit
+
+    def groups(self):
+        return itertools.islice(super().groups(), max(0, self.limit - self.named))
+
+
+def plan(rank, data, version, defer=True):
+    """``data.plan`` of the step, as ``Rollouts.rollout`` calls it (Δ 0 in a step that does not defer)."""
+    return data.plan(rank.batch_groups, rank.delta_ctl.delta if defer else 0, version,
+                     drop_staleness=rank.overlap.drop_staleness)
 
 
 def grow(sample, n, version, finish=None):
@@ -107,12 +112,10 @@ def test_delta_is_the_sections_when_a_step_defers_else_zero():
     oppo = DeltaController(o)
     assert (oppo.delta, oppo.delta_min, oppo.delta_max, oppo.adaptive) == (o.delta_init, o.delta_min, o.delta_max, True)
     assert (oppo.inc, oppo.dec) == (1, 1)  # OPPO's δinc, δdec
-    sched = LengthAwareScheduler(OverlapConfig(), 8, 2)
-    assert (sched.delta, sched.batch_groups) == (0, 4)
 
 
 def test_config_errors_name_the_field():
-    """The scheduler's and the tuner's rules are refused when the config is loaded."""
+    """Δ's and the tuner's rules are refused when the config is loaded."""
     with pytest.raises(ConfigError, match="overlap.delta_init"):
         load_config(overrides=["overlap.delta_init=9", "overlap.delta_max=8"])
     with pytest.raises(ConfigError, match="overlap.window"):
@@ -126,19 +129,19 @@ def test_config_errors_name_the_field():
 
 
 def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
-    sched = LengthAwareScheduler(deferring(delta_init=2, delta_adaptive=False), 2, 1)
+    sched = Rank(deferring(delta_init=2, delta_adaptive=False), 2, 1)
     data = source()
     p1 = plan(sched, data, 0)
     assert [s.index for s in p1.launch] == [0, 1, 2, 3] and p1.resumed == 0
     a, b, c, d = p1.launch
     grow(c, 8, 0, "stop"), grow(a, 3, 0, "stop"), grow(b, 2, 0), grow(d, 1, 0)
-    train, defer = select(sched, data, [c, a, b, d])
+    train, defer = data.select([c, a, b, d])
     assert [s.index for s in train] == [2, 0] and [s.index for s in defer] == [1, 3]
     p2 = plan(sched, data, 1)
     assert [s.index for s in p2.launch] == [1, 3, 4, 5] and p2.resumed == 2
     for s in p2.launch:
         grow(s, 1, 1)  # nothing finishes: all deferred again
-    assert select(sched, data, p2.launch) == ([], p2.launch)
+    assert data.select(p2.launch) == ([], p2.launch)
     p3 = plan(sched, data, 2)
     assert [s.index for s in p3.launch] == [1, 3, 4, 5]  # oldest first, no new ones needed
     seen = [s.index for p in (p1, p2, p3) for s in p.launch]
@@ -146,7 +149,7 @@ def test_plan_puts_deferred_first_fifo_and_indices_stay_unique():
 
 
 def test_budget_is_kept_across_several_deferrals():
-    sched = LengthAwareScheduler(deferring(delta_init=1, delta_adaptive=False, drop_staleness=100), 1, 1)
+    sched = Rank(deferring(delta_init=1, delta_adaptive=False, drop_staleness=100), 1, 1)
     data = source(budget=10)
     long_one = None
     for version in range(6):
@@ -160,7 +163,7 @@ def test_budget_is_kept_across_several_deferrals():
             else:
                 grow(s, 1, version, "stop")  # the short one finishes first
         order = sorted(step.launch, key=lambda s: not s.finished)
-        train, _ = select(sched, data, order)
+        train, _ = data.select(order)
         if long_one in train:
             break
     assert long_one.finish_reason == "length" and long_one.remaining == 0
@@ -169,14 +172,14 @@ def test_budget_is_kept_across_several_deferrals():
 
 
 def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
-    sched = LengthAwareScheduler(deferring(delta_init=3, delta_adaptive=False), 2, 1)
+    sched = Rank(deferring(delta_init=3, delta_adaptive=False), 2, 1)
     data = source()
     p1 = plan(sched, data, 0)
     for s in p1.launch[:4]:
         grow(s, 2, 0, "stop")
     grow(p1.launch[4], 1, 0)
     order = [p1.launch[i] for i in (3, 1, 0, 2, 4)]
-    train, defer = select(sched, data, order)
+    train, defer = data.select(order)
     assert [s.index for s in train] == [3, 1]
     assert [s.index for s in defer] == [0, 2, 4]
     p2 = plan(sched, data, 1)
@@ -184,42 +187,43 @@ def test_select_trains_exactly_b_and_defers_late_finishers_as_complete():
     assert [s.index for s in p2.launch] == [4, 5, 6] and len(p2.ready + p2.launch) == 5
     for s in p2.launch:
         grow(s, 1, 1, "stop")
-    train, defer = select(sched, data, p2.launch)
+    train, defer = data.select(p2.launch)
     assert [s.index for s in train] == [0, 2] and [s.index for s in defer] == [4, 5, 6]
 
 
 def test_select_refuses_missing_samples_and_overrun_budgets():
-    sched = LengthAwareScheduler(deferring(delta_init=1), 1, 1)
+    sched = Rank(deferring(delta_init=1), 1, 1)
     data = source(budget=2)
     p1 = plan(sched, data, 0)
     with pytest.raises(EngineError, match="every launched sample"):
-        sched.select(p1.launch[:1])
+        data.select(p1.launch[:1])
     p1.launch[0].output_ids += [1, 2, 3]
     with pytest.raises(EngineError, match="overran its budget"):
-        sched.select(p1.launch)
+        data.select(p1.launch)
     with pytest.raises(EngineError, match="before select"):
-        plan(sched, source(), 0)
+        plan(sched, data, 0)
 
 
 def test_stale_partials_are_dropped_and_reported():
-    sched = LengthAwareScheduler(deferring(delta_init=2, delta_adaptive=False, drop_staleness=2), 1, 1)
+    sched = Rank(deferring(delta_init=2, delta_adaptive=False, drop_staleness=2), 1, 1)
     data = source()
     p1 = plan(sched, data, 0)
     grow(p1.launch[0], 1, 0, "stop"), grow(p1.launch[1], 2, 0), grow(p1.launch[2], 0, 0)
-    select(sched, data, p1.launch)
+    data.select(p1.launch)
     p2 = plan(sched, data, 2)  # lag 2 == S_hard: kept
     assert p2.dropped == [] and p2.resumed == 2
     for s in p2.launch:
         grow(s, 1, 2)
-    select(sched, data, p2.launch)
+    data.select(p2.launch)
     p3 = plan(sched, data, 3)  # sample 1's oldest token lags 3 > 2
     assert [s.index for s in p3.dropped] == [1] and data.dropped_total == 1
     assert 1 not in [s.index for s in p3.launch] and 2 in [s.index for s in p3.launch]
 
 
 def test_out_of_prompts_launches_fewer():
-    sched = LengthAwareScheduler(deferring(delta_init=2), 2, 1)
-    assert [s.index for s in plan(sched, source(), 0, limit=3).launch] == [0, 1, 2]
+    sched = Rank(deferring(delta_init=2), 2, 1)
+    data = OutOfPrompts(3, PROMPTS, RolloutConfig(group_size=1, max_new_tokens=8, length_dist="fixed"), seed=0)
+    assert [s.index for s in plan(sched, data, 0).launch] == [0, 1, 2]
 
 
 def test_chunk_tuner_picks_fastest_and_retunes_every_n():
@@ -251,23 +255,23 @@ def test_chunk_tuner_incomplete_round_falls_back_to_fixed_and_round_trips():
 
 def test_scheduler_state_round_trips_through_json():
     cfg = deferring(delta_init=1, delta_max=3, window=3)
-    sched, data = LengthAwareScheduler(cfg, 1, 1), source()
+    sched, data = Rank(cfg, 1, 1), source()
     p1 = plan(sched, data, 0)
     grow(p1.launch[0], 2, 0, "stop"), grow(p1.launch[1], 3, 0)
-    select(sched, data, p1.launch)
-    sched.observe_reward(0.1), sched.observe_reward(0.3)
-    state = json.loads(json.dumps(sched.state_dict()))
+    data.select(p1.launch)
+    sched.delta_ctl.update(0.1), sched.delta_ctl.update(0.3)
+    state = json.loads(json.dumps(sched.delta_ctl.state_dict()))
     data_state = json.loads(json.dumps(data.state_dict()))
-    fresh, fresh_data = LengthAwareScheduler(cfg, 1, 1), source()
-    fresh.load_state_dict(state)
+    fresh, fresh_data = Rank(cfg, 1, 1), source()
+    fresh.delta_ctl.load_state_dict(state)
     fresh_data.load_state_dict(data.base, data_state)
-    assert fresh.state_dict() == sched.state_dict() and fresh.delta == 2
+    assert fresh.delta_ctl.state_dict() == sched.delta_ctl.state_dict() and fresh.delta_ctl.delta == 2
     assert fresh_data.state_dict() == data.state_dict()
     assert fresh_data.deferred == data.deferred and fresh_data.deferred[0].output_ids == [7, 7, 7]
     a, b = plan(sched, data, 1), plan(fresh, fresh_data, 1)
     assert [s.index for s in a.launch] == [s.index for s in b.launch] == [1, 2, 3]
     with pytest.raises(EngineError, match="between steps"):
-        sched.state_dict()
+        data.state_dict()
 
 
 @settings(max_examples=60, deadline=None)
@@ -276,7 +280,7 @@ def test_scheduler_state_round_trips_through_json():
 def test_invariants_over_random_steps(batch, delta, steps):
     """Budgets are never exceeded, indices are unique, nothing is lost, and exactly B are
     trained whenever B finished."""
-    sched = LengthAwareScheduler(deferring(delta_init=delta, delta_max=3, delta_adaptive=False, drop_staleness=100),
+    sched = Rank(deferring(delta_init=delta, delta_max=3, delta_adaptive=False, drop_staleness=100),
                                  batch, 1)
     data = source(budget=5)
     trained = []
@@ -286,7 +290,7 @@ def test_invariants_over_random_steps(batch, delta, steps):
         for s, n in zip(step.launch, grows):
             grow(s, n, version, "stop" if n % 3 == 0 else None)
         ended = sorted(step.launch, key=lambda s: not s.finished)
-        train, defer = select(sched, data, ended)
+        train, defer = data.select(ended)
         done = len(step.ready) + sum(s.finished for s in ended)
         assert len(train) == min(batch, done) and all(s.finished for s in train)
         trained += train

@@ -1,12 +1,12 @@
-"""colocate/rollout/scheduler.py with groups (group_size n > 1): B/n + Δ groups launched, a group
+"""The data source's plan and select (colocate/rollout/data_source.py) with groups (group_size
+n > 1): B/n + Δ groups launched, a group
 trained only when every member is finished, in the order groups complete, incomplete
 groups deferred whole (finished members wait, only unfinished ones are launched again),
 stale groups dropped whole, the state round-trips through JSON, and group size 1 is the
 per-sample schedule; a batch that is not a whole number of groups is refused when the
-config is loaded. The scheduler is handed an ``overlap`` section of a mode that defers
-(:func:`deferring`). The deferred samples and fresh groups come from a real data source
-(``colocate.rollout.data_source.DataSource``), fed to the scheduler as ``Rollouts.rollout``
-feeds it (:func:`plan`, :func:`run`)."""
+config is loaded. Each is handed an ``overlap`` section of a mode that defers
+(:func:`deferring`). A real data source (``colocate.rollout.data_source.DataSource``)
+plans and selects as ``Rollouts.rollout`` has it do (:func:`plan`, :func:`run`)."""
 
 import json
 
@@ -16,8 +16,8 @@ from colocate.config import OverlapConfig, RolloutConfig, load_config
 from colocate.engine.errors import EngineError
 from colocate.errors import ConfigError
 from colocate.rollout.sample import Sample
-from colocate.rollout.scheduler import LengthAwareScheduler
 from colocate.rollout.data_source import DataSource, TokenizedPrompt
+from tests.unit.test_scheduler import Rank, plan
 
 PROMPTS = [TokenizedPrompt((1, 2, i), {}) for i in range(64)]  # stream position g (group g): prompt [1, 2, g]
 
@@ -30,14 +30,6 @@ def deferring(**fields):
 def source(n, budget=8):
     """Fresh groups of n samples: group g (indices g·n … g·n + n − 1) shares prompt [1, 2, g]."""
     return DataSource(PROMPTS, RolloutConfig(group_size=n, max_new_tokens=budget, length_dist="fixed"), seed=0)
-
-
-def plan(sched, data, version):
-    """``sched.plan`` handed ``data``'s deferred samples and fresh groups; the ones the step takes
-    or drops leave the buffer."""
-    p = sched.plan(data.deferred, data.groups(), version)
-    data.take(p.taken, dropped=p.dropped)
-    return p
 
 
 def finish(sample, tokens, version=0, done=True):
@@ -53,21 +45,19 @@ def finish(sample, tokens, version=0, done=True):
 
 def run(sched, data, plan, finished_order, partial=()):
     """Finish the launched samples in ``finished_order`` (indices), abort ``partial`` ones
-    after 1 token, leave the rest untouched (never started); select (what is deferred goes
-    back to ``data``)."""
+    after 1 token, leave the rest untouched (never started); ``data.select`` (what is
+    deferred goes back to ``data``'s buffer)."""
     by_index = {s.index: s for s in plan.launch}
     for i in finished_order:
         finish(by_index[i], 2)
     for i in partial:
         finish(by_index[i], 1, done=False)
     ended = [by_index[i] for i in finished_order] + [s for s in plan.launch if s.index not in finished_order]
-    train, defer = sched.select(ended)
-    data.defer(defer)
-    return train, defer
+    return data.select(ended)
 
 
 def test_b_over_n_plus_delta_groups_are_launched_with_shared_prompts():
-    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=2), 4, 2)
+    sched = Rank(deferring(delta_init=1, delta_max=2), 4, 2)
     p = plan(sched, source(2), 0)
     assert [s.index for s in p.launch] == [0, 1, 2, 3, 4, 5]  # 2 + 1 groups of 2
     assert [s.group for s in p.launch] == [0, 0, 1, 1, 2, 2]
@@ -75,7 +65,7 @@ def test_b_over_n_plus_delta_groups_are_launched_with_shared_prompts():
 
 
 def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
-    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=2, delta_adaptive=False), 4, 2)
+    sched = Rank(deferring(delta_init=1, delta_max=2, delta_adaptive=False), 4, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     # group 2 completes first (4, 5), then group 0 (0, 1); group 1 has 2 finished, 3 partial
@@ -94,7 +84,7 @@ def test_groups_train_whole_in_completion_order_and_incomplete_ones_wait():
 
 
 def test_complete_groups_beyond_b_are_trained_first_next_step():
-    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=1, delta_adaptive=False), 2, 2)
+    sched = Rank(deferring(delta_init=1, delta_max=1, delta_adaptive=False), 2, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     train, defer = run(sched, data, p1, [0, 1, 2, 3])
@@ -106,7 +96,7 @@ def test_complete_groups_beyond_b_are_trained_first_next_step():
 
 
 def test_a_group_with_a_too_stale_member_is_dropped_whole():
-    sched = LengthAwareScheduler(deferring(delta_init=1, delta_max=1, delta_adaptive=False, drop_staleness=1), 2, 2)
+    sched = Rank(deferring(delta_init=1, delta_max=1, delta_adaptive=False, drop_staleness=1), 2, 2)
     data = source(2)
     p1 = plan(sched, data, 0)
     run(sched, data, p1, [0, 1, 2], partial=[3])  # group 1: member 2 finished at version 0, 3 partial
@@ -117,14 +107,14 @@ def test_a_group_with_a_too_stale_member_is_dropped_whole():
 
 def test_state_round_trips_with_groups_scores_and_records():
     cfg = deferring(delta_init=1, delta_max=1, delta_adaptive=False)
-    sched, data = LengthAwareScheduler(cfg, 2, 2), source(2)
+    sched, data = Rank(cfg, 2, 2), source(2)
     p1 = plan(sched, data, 0)
     p1.launch[2].record = {"answer": "4"}
     run(sched, data, p1, [0, 1, 2], partial=[3])
-    state = json.loads(json.dumps(sched.state_dict()))
+    state = json.loads(json.dumps(sched.delta_ctl.state_dict()))
     data_state = json.loads(json.dumps(data.state_dict()))
-    fresh, fresh_data = LengthAwareScheduler(cfg, 2, 2), source(2)
-    fresh.load_state_dict(state)
+    fresh, fresh_data = Rank(cfg, 2, 2), source(2)
+    fresh.delta_ctl.load_state_dict(state)
     fresh_data.load_state_dict(data.base, data_state)
     a, b = plan(sched, data, 1), plan(fresh, fresh_data, 1)
     for x, y in ((a.waiting, b.waiting), (a.launch, b.launch)):
@@ -133,9 +123,13 @@ def test_state_round_trips_with_groups_scores_and_records():
 
 
 def test_a_fresh_group_must_keep_the_group():
-    sched = LengthAwareScheduler(deferring(delta_init=0), 2, 2)
+    class Misnamed(DataSource):
+        def groups(self):
+            yield [Sample(0, [1], 4, group=0), Sample(1, [1], 4, group=1)]  # member 1 claims group 1
+
+    data = Misnamed(PROMPTS, RolloutConfig(group_size=2, max_new_tokens=4, length_dist="fixed"), seed=0)
     with pytest.raises(EngineError, match="group 0"):
-        sched.plan([], iter([[Sample(0, [1], 4, group=0), Sample(1, [1], 4, group=1)]]), 0)  # member 1 claims group 1
+        plan(Rank(deferring(delta_init=0), 2, 2), data, 0)
 
 
 def test_batch_must_be_a_multiple_of_the_group():
@@ -144,8 +138,8 @@ def test_batch_must_be_a_multiple_of_the_group():
 
 
 def test_group_size_one_is_the_per_sample_schedule():
-    plain = LengthAwareScheduler(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
-    ones = LengthAwareScheduler(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
+    plain = Rank(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
+    ones = Rank(deferring(delta_init=2, delta_max=2, delta_adaptive=False), 2, 1)
     sources = {plain: source(1), ones: source(1)}
     for sched, data in sources.items():
         p = plan(sched, data, 0)
