@@ -2,9 +2,11 @@
 
 Owns: :func:`not_utf8`, where the first byte of a file that UTF-8 cannot decode is (line,
 byte offset, the byte), read in blocks so a large file is never held whole; and
-:func:`library_errors_held`, which keeps the error lines the ``datasets`` library logs
-just before it raises while a load runs: a failed load is then one line of colocate's that
-quotes the cause (``colocate.assets.tasks``), a load that succeeds still prints them.
+:func:`library_errors_held`, which keeps the warning and error lines the ``datasets`` and
+``huggingface_hub`` libraries log while a load runs (datasets' errors just before it raises,
+the Hub client's line for each retry of an unreachable Hub): a failed load is then one line
+of colocate's that quotes the cause (``colocate.assets.tasks``), a load that succeeds still
+prints them, after it.
 Leaves out: which sources exist and how rows become prompts (``colocate.assets.tasks``).
 """
 
@@ -41,7 +43,7 @@ def not_utf8(path: str | Path) -> str:
 
 
 class _Held(logging.Filter):
-    """Keeps the records of ERROR and above instead of letting a handler print them."""
+    """Keeps the records of WARNING and above instead of letting a handler print them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,17 +51,18 @@ class _Held(logging.Filter):
         self.handler: logging.Handler | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
+        if record.levelno < logging.WARNING:
             return True
         self.records.append((self.handler, record))
         return False
 
 
 @contextlib.contextmanager
-def library_errors_held(library: str = "datasets") -> Iterator[None]:
-    """While the block runs, ``library``'s error lines are held: printed after it if it
+def library_errors_held(*libraries: str) -> Iterator[None]:
+    """While the block runs, the warning and error lines of ``libraries`` (their loggers'
+    handlers: a child logger's records reach them too) are held: printed after it if it
     succeeds, dropped if it raises (the caller's one line quotes the cause)."""
-    handlers = list(logging.getLogger(library).handlers)
+    handlers = list(dict.fromkeys(h for name in libraries for h in logging.getLogger(name).handlers))
     filters = {h: _Held() for h in handlers}
     for handler, held in filters.items():
         held.handler = handler

@@ -200,10 +200,11 @@ def _one_table(spec: str, split: str) -> None:
 def _loaded(spec: str, load: Callable[[], Any], hint: str = "", text_file: Path | None = None) -> Any:
     """`load()`, whose failure (datasets raises many kinds: ConnectionError offline, a missing
     config or split, a malformed file) is one line naming `data.source` and the cause (not
-    datasets' "An error occurred while generating the dataset"), without datasets' own
-    error lines; `text_file` (a .json/.csv): one that is not UTF-8 is said so, and where."""
+    datasets' "An error occurred while generating the dataset"), without the libraries'
+    own lines (datasets' errors, the Hub client's retries when the Hub cannot be reached);
+    `text_file` (a .json/.csv): one that is not UTF-8 is said so, and where."""
     try:
-        with library_errors_held("datasets"):
+        with library_errors_held("datasets", "huggingface_hub"):
             return load()
     except Exception as exc:  # noqa: BLE001 - any failure deep inside datasets becomes one line
         where = not_utf8(text_file) if text_file is not None else ""

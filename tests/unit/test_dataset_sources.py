@@ -8,6 +8,7 @@ All local: no network."""
 from __future__ import annotations
 
 import json
+import logging
 
 import datasets
 import pytest
@@ -232,6 +233,37 @@ def test_an_unknown_hub_dataset_offline_is_one_line(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as with HF_HUB_OFFLINE=1: no retries
     _one_line("hf:no-such-org/no-such-dataset:main",
               ["data.source: cannot load hf:no-such-org/no-such-dataset:main", "offline"])
+
+
+def _hub_retry_then(outcome):
+    """A load that logs as huggingface_hub does for each retry of a Hub it cannot reach (a
+    warning of its ``utils._http`` logger), then raises or returns ``outcome``."""
+    def load():
+        logging.getLogger("huggingface_hub.utils._http").warning(
+            "'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/x")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+    return load
+
+
+def test_the_hubs_retry_lines_are_held_behind_the_one_line():
+    """Offline without HF_HUB_OFFLINE, huggingface_hub retries (about 24 s) and logs a line for
+    each through its logger's handler: a load that fails after them is colocate's one line and
+    nothing else; one that succeeds prints them after it."""
+    printed: list[str] = []
+    handler = logging.Handler()  # beside the library's own stderr handler, held the same way
+    handler.emit = lambda record: printed.append(record.getMessage())
+    logging.getLogger("huggingface_hub").addHandler(handler)
+    try:
+        with pytest.raises(ConfigError) as info:
+            tasks._loaded("hf:org/name", _hub_retry_then(ConnectionError("Couldn't reach 'org/name' on the Hub")))
+        assert str(info.value) == "data.source: cannot load hf:org/name: Couldn't reach 'org/name' on the Hub"
+        assert printed == []
+        assert tasks._loaded("hf:org/name", _hub_retry_then("rows")) == "rows"
+        assert len(printed) == 1 and "thrown while requesting HEAD" in printed[0]
+    finally:
+        logging.getLogger("huggingface_hub").removeHandler(handler)
 
 
 def test_the_config_fields_are_checked_in_one_line():
