@@ -111,6 +111,18 @@ def _config(preset: Preset, opts: BenchOptions, workload: str, actor: str, rm: s
                                   *workload_overrides(preset, workload), *opts.overrides])
 
 
+def _check_configs(preset: Preset, opts: BenchOptions, out: Path) -> None:
+    """Every run's config loaded once, with stand-in model paths (the models are built, or
+    prepared, after this): a config the user's overrides make invalid is refused before
+    minutes of model building, and under a budget, before it is spent."""
+    if opts.convergence is not None:
+        convergence.configs(opts.convergence, [*_common(opts, "actor", "rm"), *PRESETS[opts.preset].overrides,
+                                               *opts.overrides], out)
+        return
+    for workload in preset.workloads:
+        _config(preset, opts, workload, "actor", "rm", out)
+
+
 def peer_shape(preset: Preset, workload: str) -> tuple[int, bool]:
     """(max new tokens, stop at EOS) of the TRL run matching ``workload``: TRL has one
     response length per batch, so ``short`` runs at its short fixed length, ``task`` and
@@ -214,6 +226,7 @@ def run(opts: BenchOptions, log: Callable[[str], None] = print) -> Path:
         why = "a file is there" if out.exists() or any(f.is_file() for f in out.parents) else os.strerror(exc.errno or 0)
         raise ConfigError(f"--out '{out}': cannot make the report folder ({why.lower()}); give a folder you can "
                           "write") from None
+    _check_configs(preset, opts, out)  # a bad --set, --delta or --chunk-size: one line before any model is built
     actor, rm = _models(preset, out)
     env = environment()
     guard = opts.guard if contention.available() else None

@@ -158,8 +158,9 @@ _NON_NEGATIVE = click.FloatRange(min=0)
 @click.option("--no-peer", is_flag=True, help="Skip the TRL PPO peer.")
 @click.option("--peer-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help="The TRL peers' precision (default: the one colocate's trainer computes in, like for like).")
-@click.option("--chunk-size", type=int, default=16, show_default=True, help="Streamed-scoring chunk (tokens).")
-@click.option("--delta", type=int, default=2, show_default=True, help="Extra requests launched per step (Δ).")
+@click.option("--chunk-size", type=_COUNT, default=16, show_default=True,
+              help="Streamed-scoring chunk (tokens; 0: the tuner picks among overlap.chunk_candidates).")
+@click.option("--delta", type=_COUNT, default=2, show_default=True, help="Extra requests launched per step (Δ).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Config override of every bench run (repeatable), e.g. --set ppo.epochs=1.")
 @click.option("--contended-above", type=_NON_NEGATIVE,

@@ -38,3 +38,22 @@ def test_peak_rss_counts_memory_this_process_held_and_gave_back():
     del block
     gc.collect()
     assert peak_rss_mb() >= rss_mb() and peak_rss_mb() - rss_mb() > 200
+
+
+def test_a_bad_override_is_refused_before_any_model_is_built(tmp_path):
+    """Every run's config is loaded before the models are built (the full preset prepares
+    SmolLM2, the gpu one builds 0.5B-shaped models) and before a budget is spent: a bad
+    --set (a workload's run, or a --convergence variant's) is the one line at once."""
+    import pytest
+
+    from colocate.bench.convergence import ConvergenceOptions
+    from colocate.bench.suite import BenchOptions, run
+    from colocate.errors import ConfigError
+
+    out = tmp_path / "bench"
+    with pytest.raises(ConfigError, match="unknown config key 'nope'"):
+        run(BenchOptions(preset="quick", overrides=("nope.x=1",), out_dir=str(out), budget_s=5))
+    conv = ConvergenceOptions(variants=(("bad", ("rollout.group_size=3",)),))
+    with pytest.raises(ConfigError, match="must be a multiple of rollout.group_size 3"):
+        run(BenchOptions(preset="quick", out_dir=str(out), convergence=conv))
+    assert not (tmp_path / ".bench-models").exists()  # nothing was built
