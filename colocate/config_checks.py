@@ -97,6 +97,10 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
         (cfg.ppo.advantage not in ("grpo", "rloo") or cfg.rollout.group_size > 1,
          f"ppo.advantage={cfg.ppo.advantage} needs rollout.group_size >= 2 (its baseline is the other "
          "samples of the same prompt)"),
+        (not _identical_members(cfg),
+         f"rollout.temperature=0 (greedy) makes the rollout.group_size={cfg.rollout.group_size} samples of a prompt "
+         f"one and the same response, and ppo.advantage={cfg.ppo.advantage} compares them: every advantage would be 0 "
+         "and nothing learned; set rollout.temperature > 0 (1.0 samples the policy as it is)"),
     ]
     for ok, message in checks:
         if not ok:
@@ -108,6 +112,13 @@ def validate(cfg: Any) -> None:  # a colocate.config.Config
     check_own_server_args(cfg.engines.sglang)
     if cfg.run.fault_at:
         parse(cfg.run.fault_at)  # one line naming run.fault_at
+
+
+def _identical_members(cfg) -> bool:
+    """Whether a critic-free estimator (its baseline: the group's other members) gets groups of
+    identical samples: greedy decoding of one prompt, every member with the same token budget."""
+    return (cfg.ppo.advantage in ("grpo", "rloo", "reinforce_baseline") and cfg.rollout.group_size > 1
+            and cfg.rollout.temperature == 0 and cfg.rollout.length_dist == "fixed")
 
 
 def _check_data(data: Any) -> None:  # a colocate.config.DataConfig

@@ -85,3 +85,21 @@ def test_group_ids_need_not_be_contiguous_or_sorted():
 def test_unknown_estimator_is_refused():
     with pytest.raises(ValueError, match="gae"):
         outcome_advantages(torch.zeros(2), torch.zeros(2, dtype=torch.long), mask_of([1, 1]), "gae")
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo", "reinforce_baseline"])
+def test_greedy_groups_of_one_budget_are_refused_for_group_baselines(kind):
+    """Greedy decoding gives a prompt's members one and the same response (and return) when
+    they share a budget: every group-baseline advantage is 0 (test above), so the config is
+    refused in one line; sampling, a long-tailed budget (members end at different lengths)
+    or a critic (gae) is taken."""
+    from colocate.config import load_config
+    from colocate.errors import ConfigError
+
+    base = [f"ppo.advantage={kind}", "rollout.group_size=4", "rollout.batch_size=8"]
+    with pytest.raises(ConfigError, match="every advantage would be 0") as info:
+        load_config(overrides=[*base, "rollout.temperature=0"])
+    assert "rollout.temperature > 0" in str(info.value) and "\n" not in str(info.value)
+    for fine in (["rollout.temperature=0.7"], ["rollout.temperature=0", "rollout.length_dist=lognormal"]):
+        load_config(overrides=[*base, *fine])
+    load_config(overrides=["ppo.advantage=gae", "rollout.group_size=4", "rollout.batch_size=8", "rollout.temperature=0"])
