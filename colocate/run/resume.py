@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from colocate.assets.model_identity import fingerprint
 from colocate.run import checkpoint
 from colocate.config import Config, from_dict, load_config, to_dict
 from colocate.errors import ConfigError
@@ -94,11 +95,39 @@ def _fixed_changes(saved: Config | None, cfg: Config, record: Mapping[str, Any])
     run's ``config.json`` (``saved``; None: none there)."""
     recorded = {f"models.{key}": value for key, value in record["meta"].get("models", {}).items()
                 if f"models.{key}" in FIXED and hasattr(cfg.models, key)}
+    moved_to = {key for key, _, _ in moved(record, cfg)}
     trained_from = [(key, value, getattr(cfg.models, key.split(".")[1])) for key, value in recorded.items()
-                    if not _same(key, value, getattr(cfg.models, key.split(".")[1]))]
+                    if not _same(key, value, getattr(cfg.models, key.split(".")[1])) and key not in moved_to]
     changes = config_changes(saved, cfg) if saved is not None else []
     fixed = FIXED + (_adapter_keys(saved, cfg) if saved is not None else ())
     return [c for c in changes if c[0] in fixed and c[0] not in recorded] + trained_from
+
+
+def moved(record: Mapping[str, Any], cfg: Config) -> list[tuple[str, str, str]]:
+    """``(key, recorded folder, configured folder)`` of each model ``cfg`` names by another
+    path than the checkpoint's manifest (``record``) but whose files are the ones it was
+    trained from (``colocate.assets.model_identity.fingerprint``, recorded at each save):
+    the folder moved (another machine, another mount), the model did not."""
+    models, prints = record["meta"].get("models", {}), record["meta"].get("fingerprints", {})
+    out = []
+    for key, value in models.items():
+        now = getattr(cfg.models, key, None) if prints.get(key) else None
+        if now and not _same(f"models.{key}", value, now) and fingerprint(now) == prints[key]:
+            out.append((f"models.{key}", value, now))
+    return out
+
+
+def _gone(record: Mapping[str, Any], cfg: Config) -> str | None:
+    """The refusal of a resume whose configured model is the run's folder, no longer there
+    (a checkpoint that recorded its files, so the folder may be given anew)."""
+    models, prints = record["meta"].get("models", {}), record["meta"].get("fingerprints", {})
+    for key, value in models.items():
+        now = getattr(cfg.models, key, None)
+        if prints.get(key) and _same(f"models.{key}", value, now) and not Path(value).expanduser().is_dir():
+            return (f"--resume: the run's models.{key} '{value}' is not there anymore; if it moved, pass its new "
+                    f"folder: --set models.{key}=FOLDER (a resume takes it when its files are the ones the "
+                    "checkpoint was trained from)")
+    return None
 
 
 def _adapter_keys(saved: Config, cfg: Config) -> tuple[str, ...]:
@@ -144,12 +173,18 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
         raise ConfigError(f"run.steps is {cfg.run.steps} and the checkpoint '{where}' is at step {step}: "
                           f"nothing to run; raise it (run.steps is the total), e.g. --set run.steps={step + 10}")
     saved = saved_config(run_dir)
+    gone = _gone(record, cfg)
+    if gone:
+        raise ConfigError(gone)
     _refuse_fixed(_fixed_changes(saved, cfg, record))
     _refuse_dropping_deferred(cfg, where)
+    relocated = moved(record, cfg)
+    for key, a, b in relocated:
+        log(f"resume: {key} moved: '{a}' -> '{b}' (the same model: its files match the checkpoint's record)")
     if saved is None:
         log(f"resume: no config.json in {run_dir}; the config is not compared with the run's")
         return
-    changes = config_changes(saved, cfg)
+    changes = [c for c in config_changes(saved, cfg) if c[0] not in {key for key, _, _ in relocated}]
     if changes:
         log("resume: changed " + ", ".join(f"{key} {a} -> {b}" for key, a, b in changes))
 

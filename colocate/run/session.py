@@ -43,6 +43,7 @@ from colocate.rollout.rollouts import Rollouts
 from colocate.run.resume import check_checkpoint
 from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
+from colocate.assets.model_identity import MODEL_FOLDERS, fingerprint
 from colocate.assets.prompt_chars import JOINED, CharLimit, char_limit
 from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
 from colocate.trainer.distributed import DistInfo, all_gather_object
@@ -315,7 +316,8 @@ class Session:
         parts = {"layout": checkpoint_layout.LAYOUT, "trainer": trainer_state, "run": plain["run"],
                  "rng": plain["rng"], "data": {"base": self.data.base, "ranks": [d for d, _ in ranks]},
                  "rollout": {"ranks": [r for _, r in ranks]}}
-        meta = {"models": dataclasses.asdict(self.cfg.models)}  # a resume names the checkpoint's models
+        models = dataclasses.asdict(self.cfg.models)  # a resume names the checkpoint's models, and finds them moved
+        meta = {"models": models, "fingerprints": {k: fingerprint(models[k]) for k in MODEL_FOLDERS if models[k]}}
         step = plain["run"]["step"]
         return checkpoint.save(self.run.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
                                meta=meta, before_commit=lambda: self.fault("checkpoint", step))

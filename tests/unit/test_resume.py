@@ -85,7 +85,8 @@ def test_a_fixed_key_is_refused_in_one_line_naming_it_and_both_values(tmp_path, 
     (["lora.rank=4"], "lora.target_modules=q_proj,v_proj", True),
     (["lora.rank=4"], "lora.actor=false", True),
     (["lora.rank=4"], "lora.critic=false", True),
-    (["lora.rank=4", "ppo.advantage=grpo", "rollout.group_size=2"], "lora.critic=false", False),  # no critic
+    (["lora.rank=4", "ppo.advantage=grpo", "rollout.group_size=2", "rollout.temperature=1"], "lora.critic=false",
+     False),  # no critic (sampled: greedy groups give grpo nothing to compare)
     (["lora.rank=4"], "lora.alpha=32", False),  # a scale, no tensor
     ([], "lora.target_modules=q_proj", False),  # no adapter before or after
 ])
@@ -230,3 +231,31 @@ def test_cli_resume_prints_the_runs_config_and_refuses_another_actor(tmp_path):
     assert result.exit_code == 2
     err = result.output.strip()
     assert len(err.splitlines()) == 1 and "models.actor cannot change" in err and "'/x'" in err
+
+
+def test_a_moved_model_folder_resumes_when_its_files_are_the_checkpoints(tmp_path):
+    """A run's checkpoints record its models' fingerprints: the folder moved (another machine,
+    another mount) resumes from its new place, named in one log line; the run's folder gone
+    and not given anew is one line saying how; another model in the new place is refused."""
+    from colocate.assets.model_identity import fingerprint
+    from colocate.assets.random_models import build_tiny_causal_lm
+
+    first = build_tiny_causal_lm(tmp_path / "models" / "actor", seed=5)
+    models = [f"models.actor={first}", "models.reward=/models/rm"]
+    cfg = make_run(tmp_path / "run", [*RUN, *models],
+                   meta={"models": dataclasses.asdict(load_config(overrides=[*RUN, *models]).models),
+                         "fingerprints": {"actor": fingerprint(first)}})
+    moved = tmp_path / "elsewhere" / "actor"
+    shutil.move(str(first), moved)
+    at = f"run.out_dir={tmp_path / 'run'}"
+    with pytest.raises(ConfigError, match=f"^--resume: the run's models.actor '{re.escape(str(first))}' is not there "
+                                          "anymore; if it moved, pass its new folder: --set models.actor=FOLDER"):
+        resume.check_resume(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, steps=7)), tmp_path / "run", print)
+    lines = []
+    again = resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={moved}", "run.steps=7"])
+    resume.check_resume(again, tmp_path / "run", lines.append)
+    assert lines == [f"resume: models.actor moved: '{first}' -> '{moved}' (the same model: its files match the "
+                     "checkpoint's record)", "resume: changed run.steps 6 -> 7"]
+    other = build_tiny_causal_lm(tmp_path / "models" / "other", seed=6)
+    with pytest.raises(ConfigError, match=r"^models.actor cannot change when resuming"):
+        resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={other}", "run.steps=7", at])
