@@ -33,16 +33,17 @@ sample, ``Status.PARKED``, and it waits among the deferred ones, growing while i
 runs on (until the engine pauses). When a later step launches it again, it adopts the
 live stream instead of sending a new request: the tokens produced meanwhile, and the
 finish, are already there; a stream that ended while parked is finished but not scored
-(not ``Sample.done``), so the data source's plan launches it again and the step scores it without
-a request. A checkpoint saves a parked sample as an abort at that point gives it
+(not ``Sample.done``), so the data source's plan launches it again and the step scores it
+without a request. A checkpoint saves a parked sample as an abort at that point gives it
 (``Sample.state``), so a resumed run re-generates its rest and nothing is trained twice.
 
 Every change of a sample's status happens here: running while its stream runs, parked,
 then finished or deferred as its stream ends (``Sample.settle``, whichever step or none
 is consuming it).
 
-Leaves out: which samples to launch and what to defer (``colocate.rollout.data_source``), when the
-engine continues after a weight sync (the time-sharing, after the KV wake), training.
+Leaves out: which samples to launch and what to defer (``colocate.rollout.data_source``),
+when the engine continues after a weight sync (the time-sharing, after the KV wake),
+training.
 """
 
 from __future__ import annotations
