@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from colocate.assets.model_identity import fingerprint
+from colocate.assets.identity import data_fingerprint, fingerprint
 from colocate.run import checkpoint
 from colocate.config import Config, from_dict, load_config, to_dict
 from colocate.errors import ConfigError
@@ -41,7 +41,7 @@ FIXED = (
 # ... and in a run with a LoRA adapter (or a resume adding one), which weights carry one and
 # its shapes: the checkpoint holds those tensors and their optimizer state (lora.alpha may change)
 LORA = ("lora.rank", "lora.target_modules", "lora.actor", "lora.critic")
-_PATHS = ("models.actor", "models.reward", "models.critic", "run.out_dir")  # equal when they name one folder
+_PATHS = ("models.actor", "models.reward", "models.critic", "data.source", "run.out_dir")  # equal: one folder or file
 _FIX = "keep the run's value or start a new run (another run.out_dir)"
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -100,33 +100,56 @@ def _fixed_changes(saved: Config | None, cfg: Config, record: Mapping[str, Any])
                     if not _same(key, value, getattr(cfg.models, key.split(".")[1])) and key not in moved_to]
     changes = config_changes(saved, cfg) if saved is not None else []
     fixed = FIXED + (_adapter_keys(saved, cfg) if saved is not None else ())
-    return [c for c in changes if c[0] in fixed and c[0] not in recorded] + trained_from
+    return [c for c in changes if c[0] in fixed and c[0] not in recorded and c[0] not in moved_to] + trained_from
+
+
+# The folders and files a run reads whose place may change between machines: each checkpoint
+# records their fingerprints (:func:`fingerprints`), and a resume takes a new place holding the
+# same files (:func:`moved`).
+FINGERPRINTED: dict[str, Callable[[str], str | None]] = {
+    "models.actor": fingerprint, "models.reward": fingerprint, "models.critic": fingerprint,
+    "data.source": data_fingerprint}
+
+
+def _value(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def fingerprints(cfg: Config) -> dict[str, dict[str, str]]:
+    """``{key: {"path", "sha256"}}`` of the :data:`FINGERPRINTED` keys that name a folder or file
+    (``colocate.assets.identity``), for a checkpoint's manifest."""
+    out = {}
+    for key, of in FINGERPRINTED.items():
+        value = _value(cfg, key)
+        sha = of(value) if value else None
+        if sha:
+            out[key] = {"path": value, "sha256": sha}
+    return out
 
 
 def moved(record: Mapping[str, Any], cfg: Config) -> list[tuple[str, str, str]]:
-    """``(key, recorded folder, configured folder)`` of each model ``cfg`` names by another
-    path than the checkpoint's manifest (``record``) but whose files are the ones it was
-    trained from (``colocate.assets.model_identity.fingerprint``, recorded at each save):
-    the folder moved (another machine, another mount), the model did not."""
-    models, prints = record["meta"].get("models", {}), record["meta"].get("fingerprints", {})
+    """``(key, recorded path, configured path)`` of each :data:`FINGERPRINTED` key ``cfg`` names
+    by another path than the checkpoint's manifest (``record``) but whose files are the ones
+    it was trained from: the folder or file moved (another machine, another mount), its
+    content did not."""
     out = []
-    for key, value in models.items():
-        now = getattr(cfg.models, key, None) if prints.get(key) else None
-        if now and not _same(f"models.{key}", value, now) and fingerprint(now) == prints[key]:
-            out.append((f"models.{key}", value, now))
+    for key, was in record["meta"].get("fingerprints", {}).items():
+        now = _value(cfg, key) if key in FINGERPRINTED else None
+        if now and not _same(key, was["path"], now) and FINGERPRINTED[key](now) == was["sha256"]:
+            out.append((key, was["path"], now))
     return out
 
 
 def _gone(record: Mapping[str, Any], cfg: Config) -> str | None:
-    """The refusal of a resume whose configured model is the run's folder, no longer there
-    (a checkpoint that recorded its files, so the folder may be given anew)."""
-    models, prints = record["meta"].get("models", {}), record["meta"].get("fingerprints", {})
-    for key, value in models.items():
-        now = getattr(cfg.models, key, None)
-        if prints.get(key) and _same(f"models.{key}", value, now) and not Path(value).expanduser().is_dir():
-            return (f"--resume: the run's models.{key} '{value}' is not there anymore; if it moved, pass its new "
-                    f"folder: --set models.{key}=FOLDER (a resume takes it when its files are the ones the "
-                    "checkpoint was trained from)")
+    """The refusal of a resume whose configured folder or file is the run's, no longer there
+    (a checkpoint that recorded its files, so the place may be given anew)."""
+    for key, was in record["meta"].get("fingerprints", {}).items():
+        gone = not Path(was["path"]).expanduser().exists()
+        if key in FINGERPRINTED and gone and _same(key, was["path"], _value(cfg, key)):
+            return (f"--resume: the run's {key} '{was['path']}' is not there anymore; if it moved, pass its new "
+                    f"place: --set {key}=PATH (a resume takes it when its files are the ones the checkpoint was "
+                    "trained from)")
     return None
 
 
@@ -180,7 +203,7 @@ def check_resume(cfg: Config, resume: str | Path, log: Callable[[str], None]) ->
     _refuse_dropping_deferred(cfg, where)
     relocated = moved(record, cfg)
     for key, a, b in relocated:
-        log(f"resume: {key} moved: '{a}' -> '{b}' (the same model: its files match the checkpoint's record)")
+        log(f"resume: {key} moved: '{a}' -> '{b}' (the same files: they match the checkpoint's record)")
     if saved is None:
         log(f"resume: no config.json in {run_dir}; the config is not compared with the run's")
         return

@@ -40,10 +40,9 @@ from colocate.run.engines import RankEngines
 from colocate.rollout import data_source
 from colocate.rollout.data_source import DataSource, TokenizedPrompt
 from colocate.rollout.rollouts import Rollouts
-from colocate.run.resume import check_checkpoint
+from colocate.run.resume import check_checkpoint, fingerprints
 from colocate.run.run_folder import RunFolder
 from colocate.rollout.reward_fns import RewardFn, RewardFnErrors
-from colocate.assets.model_identity import MODEL_FOLDERS, fingerprint
 from colocate.assets.prompt_chars import JOINED, CharLimit, char_limit
 from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
 from colocate.trainer.distributed import DistInfo, all_gather_object
@@ -316,8 +315,8 @@ class Session:
         parts = {"layout": checkpoint_layout.LAYOUT, "trainer": trainer_state, "run": plain["run"],
                  "rng": plain["rng"], "data": {"base": self.data.base, "ranks": [d for d, _ in ranks]},
                  "rollout": {"ranks": [r for _, r in ranks]}}
-        models = dataclasses.asdict(self.cfg.models)  # a resume names the checkpoint's models, and finds them moved
-        meta = {"models": models, "fingerprints": {k: fingerprint(models[k]) for k in MODEL_FOLDERS if models[k]}}
+        # a resume names the checkpoint's models, and finds them (and the data) moved
+        meta = {"models": dataclasses.asdict(self.cfg.models), "fingerprints": fingerprints(self.cfg)}
         step = plain["run"]["step"]
         return checkpoint.save(self.run.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
                                meta=meta, before_commit=lambda: self.fault("checkpoint", step))

@@ -234,28 +234,38 @@ def test_cli_resume_prints_the_runs_config_and_refuses_another_actor(tmp_path):
 
 
 def test_a_moved_model_folder_resumes_when_its_files_are_the_checkpoints(tmp_path):
-    """A run's checkpoints record its models' fingerprints: the folder moved (another machine,
-    another mount) resumes from its new place, named in one log line; the run's folder gone
-    and not given anew is one line saying how; another model in the new place is refused."""
-    from colocate.assets.model_identity import fingerprint
+    """A run's checkpoints record its models' and data's fingerprints: a folder or file moved
+    (another machine, another mount) resumes from its new place, named in one log line; the
+    run's one gone and not given anew is one line saying how; other files there are refused."""
     from colocate.assets.random_models import build_tiny_causal_lm
 
     first = build_tiny_causal_lm(tmp_path / "models" / "actor", seed=5)
-    models = [f"models.actor={first}", "models.reward=/models/rm"]
-    cfg = make_run(tmp_path / "run", [*RUN, *models],
-                   meta={"models": dataclasses.asdict(load_config(overrides=[*RUN, *models]).models),
-                         "fingerprints": {"actor": fingerprint(first)}})
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n{"prompt": "there"}\n')
+    inputs = [f"models.actor={first}", "models.reward=/models/rm", f"data.source={tmp_path / 'prompts.jsonl'}"]
+    started = load_config(overrides=[*RUN, *inputs])
+    assert set(resume.fingerprints(started)) == {"models.actor", "data.source"}  # /models/rm: no folder here
+    cfg = make_run(tmp_path / "run", [*RUN, *inputs],
+                   meta={"models": dataclasses.asdict(started.models), "fingerprints": resume.fingerprints(started)})
     moved = tmp_path / "elsewhere" / "actor"
     shutil.move(str(first), moved)
     at = f"run.out_dir={tmp_path / 'run'}"
     with pytest.raises(ConfigError, match=f"^--resume: the run's models.actor '{re.escape(str(first))}' is not there "
-                                          "anymore; if it moved, pass its new folder: --set models.actor=FOLDER"):
+                                          "anymore; if it moved, pass its new place: --set models.actor=PATH"):
         resume.check_resume(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, steps=7)), tmp_path / "run", print)
     lines = []
     again = resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={moved}", "run.steps=7"])
     resume.check_resume(again, tmp_path / "run", lines.append)
-    assert lines == [f"resume: models.actor moved: '{first}' -> '{moved}' (the same model: its files match the "
+    assert lines == [f"resume: models.actor moved: '{first}' -> '{moved}' (the same files: they match the "
                      "checkpoint's record)", "resume: changed run.steps 6 -> 7"]
     other = build_tiny_causal_lm(tmp_path / "models" / "other", seed=6)
     with pytest.raises(ConfigError, match=r"^models.actor cannot change when resuming"):
         resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={other}", "run.steps=7", at])
+    # the prompts file: moved, taken; edited there, refused
+    shutil.move(str(tmp_path / "prompts.jsonl"), tmp_path / "elsewhere" / "p.jsonl")
+    again = resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={moved}", "run.steps=7",
+                                                                f"data.source={tmp_path / 'elsewhere' / 'p.jsonl'}"])
+    assert again.data.source == str(tmp_path / "elsewhere" / "p.jsonl")
+    (tmp_path / "elsewhere" / "p.jsonl").write_text('{"prompt": "other"}\n')
+    with pytest.raises(ConfigError, match=r"^data.source cannot change when resuming"):
+        resume.load_run_config(tmp_path / "run", overrides=[f"models.actor={moved}", "run.steps=7",
+                                                            f"data.source={tmp_path / 'elsewhere' / 'p.jsonl'}"])
