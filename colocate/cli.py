@@ -141,9 +141,9 @@ _NON_NEGATIVE = click.FloatRange(min=0)
 
 
 @main.command()
-@click.option("--quick", "preset", flag_value="quick", default=True, help="Small models, a few minutes on 2 CPU cores (default).")
-@click.option("--full", "preset", flag_value="full", help="SmolLM2 + the sentiment RM, real prompts; much longer.")
-@click.option("--gpu", "preset", flag_value="gpu", help="One GPU: Qwen2.5-0.5B-shaped random actor and reward model, "
+@click.option("--quick", is_flag=True, help="Small models, a few minutes on 2 CPU cores (default).")
+@click.option("--full", is_flag=True, help="SmolLM2 + the sentiment RM, real prompts; much longer.")
+@click.option("--gpu", is_flag=True, help="One GPU: Qwen2.5-0.5B-shaped random actor and reward model, "
               "GRPO and PPO, batch 64, long-tailed budgets up to 1,024 tokens (scripts/gpu_bench.sh).")
 @click.option("--shape", default="", help="Random actor and reward model of this shape instead of the preset's models "
               "(e.g. tiny for a dry run, qwen2.5-0.5b).")
@@ -187,7 +187,7 @@ _NON_NEGATIVE = click.FloatRange(min=0)
               "the report gives the median and range over them.")
 @click.option("--out", default="", help="Run folder (default: runs/bench-<preset>-<time>).")
 @_friendly
-def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides,
+def bench(quick, full, gpu, shape, batch_size, max_new_tokens, budget_s, workloads, modes, repeats, steps, no_peer, peer_dtype, chunk_size, delta, overrides,
           contended_above, quiet_wait, convergence, convergence_steps, eval_every, variants, seeds, out):
     """Throughput benchmark: every mode side by side (interleaved, repeated), the TRL
     peer, the lower bound; writes report.md, results.json and plots. With
@@ -209,6 +209,10 @@ def bench(preset, shape, batch_size, max_new_tokens, budget_s, workloads, modes,
     from colocate.assets.random_models import MODEL_SHAPES
     from colocate.bench.workloads import MODES, PAUSE_MODES, WORKLOADS, valid_mode
 
+    presets = [name for name, on in (("--quick", quick), ("--full", full), ("--gpu", gpu)) if on]
+    if len(presets) > 1:  # before: the last one given won, silently
+        raise ColocateError(f"{' and '.join(presets)}: one preset at a time")
+    preset = presets[0].removeprefix("--") if presets else "quick"
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
     bad = [m for m in mode_list if not valid_mode(m)] + [w for w in wl if w not in WORKLOADS]

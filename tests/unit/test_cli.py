@@ -78,11 +78,23 @@ def test_bench_rejects_unknown_mode():
     assert result.exit_code == 2 and "turbo" in result.output
 
 
-@pytest.mark.parametrize("option", ["--repeats", "--steps", "--batch", "--max-new-tokens", "--budget-s", "--quiet-wait"])
+@pytest.mark.parametrize("option", ["--repeats", "--steps", "--batch", "--max-new-tokens", "--budget-s", "--quiet-wait",
+                                    "--delta", "--chunk-size"])
 def test_bench_refuses_a_negative_count_before_running(option):
     """Before (2026-11-29): --repeats -1 and --budget-s -5 ran the bench as if unset."""
     result = CliRunner().invoke(main, ["bench", option, "-1"])
     assert result.exit_code == 2 and f"Invalid value for '{option}': -1" in result.output, result.output
+
+
+@pytest.mark.parametrize("flags", [["--quick", "--full"], ["--full", "--gpu"], ["--gpu", "--quick"]])
+def test_bench_takes_one_preset(flags):
+    """Before: the last preset flag given won, silently."""
+    result = CliRunner().invoke(main, ["bench", *flags])
+    assert (result.exit_code, result.output) == (2, f"error: {' and '.join(sorted(flags, key=PRESET_ORDER.index))}: "
+                                                    "one preset at a time\n")
+
+
+PRESET_ORDER = ["--quick", "--full", "--gpu"]
 
 
 def test_bench_rejects_no_mode():
