@@ -14,15 +14,16 @@ neither streams nor defers and nothing is carried (sequential), else streamed an
 one-shot scoring as each finishes and the cut after the first B/n complete groups — and
 the held-out evaluation through it too (greedy, scored after generation), has the data
 source select the first B/n complete groups and keep the rest (``DataSource.select``), and
-hands back what to train on as a :class:`StepRollout`, with the step's stats (``rollout/*``,
-:func:`rollout_stats`; ``overlap/staleness_*``, :func:`staleness_stats`;
-``engine/<role>_requests``; ``overlap/*`` in every mode, incl. the ZeroMQ frames either end
+hands back what to train on as a :class:`StepRollout`, with the step's stats
+(``engine/<role>_requests``; ``overlap/*`` in every mode, incl. the ZeroMQ frames either end
 of the feeder channel refused or lost during the step; the feeder's counts come with its
 heartbeats, so they lag it by at most 0.5 s). The step's sampling parameters are its own
 (``rollout.temperature``, ``top_p``, ``ignore_eos`` and the tokenizer's stop ids).
 
 The step's one rollout over the engine ranks: :func:`join` makes the engine ranks'
-:class:`StepRollout` parts (exchanged by the run, ``colocate.run.loop``) one batch, and
+:class:`StepRollout` parts (exchanged by the run, ``colocate.run.loop``) one batch, with
+the stats of its samples (``rollout/*``, :func:`rollout_stats`; ``overlap/staleness_*``,
+:func:`staleness_stats`), and
 checks every token's weight version against the trainer's (:func:`check_weight_versions`:
 none newer, and all current unless stragglers are carried: a lost sync stops the run in
 one line).
@@ -79,9 +80,7 @@ class StepRollout:
     samples: list[Sample]
     seconds: dict[str, float]
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def with_stats(self, extra: dict[str, float]) -> "StepRollout":
-        return dataclasses.replace(self, stats={**self.stats, **extra})
+    multi_turn: bool = False  # trajectories with environment turns: their stats too (rollout_stats)
 
 
 def rollout_stats(samples: Sequence[Sample], multi_turn: bool = False) -> dict[str, float]:
@@ -149,12 +148,12 @@ def join(parts: Sequence[StepRollout | None], version: int, *, carries_partials:
     (:func:`check_weight_versions`; ``carries_partials``: ``overlap.deferral``). Samples
     in index order (named in the union when drawn: ``DataSource.groups``), so groups stay
     contiguous and the union is what one rank would have drawn; the phase seconds of the
-    slowest rank; counts summed; staleness over the union; per-rank engine metrics
-    ``engines/<r>/…``."""
+    slowest rank; counts summed; the samples' own stats over the union, computed here once
+    (:func:`rollout_stats`, multi-turn when a part says so; ``overlap/staleness_*``,
+    :func:`staleness_stats`); per-rank engine metrics ``engines/<r>/…``."""
     own = [p for p in parts if p is not None]
     samples = sorted((x for part in own for x in part.samples), key=lambda x: x.index)
     check_weight_versions([x.versions for x in samples], version, carries_partials=carries_partials)
-    staleness = staleness_stats(samples, version)
     slowest = max(own, key=lambda p: sum(p.seconds.values()))
     stats: dict[str, float] = {}
     for key in dict.fromkeys(k for p in own for k in p.stats):
@@ -163,9 +162,8 @@ def join(parts: Sequence[StepRollout | None], version: int, *, carries_partials:
             stats[key] = values[0]
         elif not key.startswith("engine/"):
             stats[key] = sum(values)
-    if any(k.startswith("overlap/staleness_") for k in stats):
-        stats |= {f"overlap/staleness_{k}": v for k, v in staleness.items()}
-    stats |= rollout_stats(samples, multi_turn="rollout/turns" in stats)  # means over the union, not sums
+    stats |= {f"overlap/staleness_{k}": v for k, v in staleness_stats(samples, version).items()}
+    stats |= rollout_stats(samples, multi_turn=any(p.multi_turn for p in own))  # means over the union, not sums
     for r, part in enumerate(own):
         busy = {"engine/busy_s": sum(part.seconds.values())}
         for key, name in PER_RANK.items():
@@ -323,13 +321,11 @@ class Rollouts:
         stats = {"deferred": len(data.deferred), "parked": len(self.live), "delta": plan.delta,
                  "chunk_size": chunk, "dropped": len(plan.dropped),
                  "resumed": plan.resumed, "launched": len(plan.launch), "waiting": len(plan.waiting),
-                 **{f"staleness_{k}": v for k, v in staleness_stats(train, version).items()},
                  **self._auto_stats(step_mode), **self._channel_stats()}
         env = {"env/errors": self.env.errors.take()} if self.env is not None else {}
         requests = {f"engine/{role}_requests": n - served[role] for role, n in self._requests().items()}
-        stats = {**rollout_stats(train, self.turns is not None), **env,
-                 **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
-        return StepRollout(train, seconds, stats)
+        stats = {**env, **{f"overlap/{k}": v for k, v in stats.items()}, **requests}
+        return StepRollout(train, seconds, stats, multi_turn=self.turns is not None)  # its samples' stats: join
 
     def _requests(self) -> dict[str, int]:
         """Requests sent so far to the actor and the inline reward engine."""

@@ -83,6 +83,16 @@ def test_join_takes_staleness_over_the_union_not_a_sum_of_ranks():
     assert joined.stats["overlap/staleness_frac_stale_tokens"] == pytest.approx(2 / 8)
 
 
+def test_join_takes_the_multi_turn_stats_when_a_part_is_multi_turn():
+    a, b = _sample(0), _sample(1)
+    a.observations, a.env_reward = [{"role": "tool", "content": "4"}], 0.5
+    plain = join([StepRollout([a], {"generate": 1.0}), StepRollout([b], {"generate": 1.0})], 0, carries_partials=False)
+    assert "rollout/turns" not in plain.stats and plain.stats["rollout/groups"] == 2
+    turns = join([StepRollout([a], {"generate": 1.0}, multi_turn=True), None, StepRollout([b], {"generate": 1.0})],
+                 0, carries_partials=False)
+    assert turns.stats["rollout/tool_call_rate"] == 0.5 and turns.stats["rollout/env_reward"] == 0.25
+
+
 def test_staleness_stats_over_tokens():
     a = Sample(0, [1], 8, [5, 5, 5], [0.0] * 3, [3, 3, 4])
     b = Sample(1, [1], 8, [5], [0.0], [1])
