@@ -13,7 +13,7 @@ it and stops at the next one: one config and one launch per fault (the fault mat
 ``tests/integration/test_fault_matrix.py``).
 
 Leaves out: calling them: the session fires the step's points at the boundaries of its
-phases (``colocate.run.phases``), the checkpoint's inside its write.
+phases (``colocate.run.loop.StepPhases``), the checkpoint's inside its write.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ POINTS = {
     "engine": "the actor engine's processes are killed as step S's generation begins",
 }
 FIRED = "faults_fired"
-# the points at the boundaries of a step's phases (colocate.run.phases: (event, phase) -> points,
+# the points at the boundaries of a step's phases (colocate.run.loop.StepPhases: (event, phase) -> points,
 # in firing order; "push": this rank's push into its engine, once the weights are gathered);
 # "checkpoint" is the checkpoint write's own
 AT_BOUNDARY = {("begin", "rollout"): ("engine", "generate"), ("end", "rollout"): ("score",),

@@ -2,7 +2,7 @@
 
 Owns: :class:`MetricsLog` (append-only JSONL, TensorBoard scalars if the package is present,
 a :class:`colocate.monitor.wandb_log.WandbRun` when ``run.wandb_project`` is set).
-Leaves out: what is measured (the loop decides; its phases' seconds: ``colocate.run.phases``).
+Leaves out: what is measured (the loop decides; its phases' seconds: ``colocate.run.loop.StepPhases``).
 """
 
 from __future__ import annotations

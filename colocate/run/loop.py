@@ -7,14 +7,25 @@ no critic epochs. Every mode hands the step a ``StepRollout`` of scored samples 
 groups): each engine rank generates and scores its share on its own engines, the shares
 are joined into one batch on every rank (``colocate.rollout.rollouts.join``), and every rank
 trains its FSDP shard of it.
+
+The step names its phases and does nothing else about them (:class:`StepPhases`):
+``phases.enter("train")`` changes the run's phase (rollout | train | sync | idle: what a
+failure checkpoints, what a rank-failure line names, what the progress bar and the timeline
+show) and ``with phases("ref"):`` runs one part of it, timed (``time/ref``; ``timed=False``:
+a boundary only). Whatever watches a step attaches to those boundaries as a hook, called
+with ``(event, phase)``: ``"enter"`` (the run's phase), ``"begin"``, ``"end"`` (a part;
+``end`` only when the part completed). The session's hook (``Session.begin_step``) keeps its
+phase record and watchers, and fires ``run.fault_at``'s test faults
+(``colocate.faults.AT_BOUNDARY``); what a hook does is its owner's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from colocate.rollout import evaluation
 from colocate.run import rank_failure
@@ -22,7 +33,6 @@ from colocate.monitor import completions
 from colocate.monitor import metrics as mlog
 from colocate.config import to_dict
 from colocate.errors import USER_ERRORS, config_terms
-from colocate.run.phases import StepPhases
 from colocate.rollout.rollouts import StepRollout, join
 from colocate.run.session import Session
 from colocate.trainer.advantages import token_kl
@@ -31,6 +41,35 @@ from colocate.trainer.distributed import all_gather_object, lost_peer
 from colocate.monitor.wandb_log import WandbRun
 
 StepCallback = Callable[[dict[str, Any]], None]
+Hook = Callable[[str, str], None]  # (event: enter | begin | end, phase)
+
+
+class StepPhases:
+    """One step's phases: the seconds of each timed part, and the hooks told of every boundary."""
+
+    def __init__(self, hooks: Sequence[Hook] = ()) -> None:
+        self.hooks = tuple(hooks)
+        self.seconds: dict[str, float] = {}
+
+    def enter(self, phase: str) -> None:
+        """The run's phase becomes ``phase``."""
+        self._tell("enter", phase)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str, timed: bool = True) -> Iterator[None]:
+        """Run one part of the step: hooks at its begin and (completed) end, its seconds added up."""
+        self._tell("begin", phase)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if timed:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+        self._tell("end", phase)
+
+    def _tell(self, event: str, phase: str) -> None:
+        for hook in self.hooks:
+            hook(event, phase)
 
 
 def rollout(s: Session, phases: StepPhases) -> StepRollout:
@@ -53,7 +92,8 @@ def rollout(s: Session, phases: StepPhases) -> StepRollout:
 def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     """One PPO step; returns its metrics (``trained``, when given, gets the step's samples)."""
     t_step = time.perf_counter()
-    phases = s.begin_step()  # its boundaries are where faults, progress and the timeline attach
+    phases = StepPhases([s.begin_step()])  # the run's hook: faults, progress and the timeline at each boundary
+    phases.enter("rollout")
     data = rollout(s, phases)
     phases.seconds.update(data.seconds)
     samples = data.samples

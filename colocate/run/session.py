@@ -31,7 +31,6 @@ from transformers import PreTrainedTokenizerBase
 
 from colocate.run import checkpoint, checkpoint_layout, weight_sync
 from colocate import faults
-from colocate.run.phases import StepPhases
 from colocate.config import Config
 from colocate.engine.runtime import SglangEngine
 from colocate.monitor.timeline import Timeline, mark
@@ -188,17 +187,15 @@ class Session:
     def log(self, message: str) -> None:
         self.run.log(message)
 
-    def begin_step(self) -> StepPhases:
+    def begin_step(self) -> Callable[[str, str], None]:
         """Remember the plain-Python state of the last completed step (cheap), so a failure
-        during the rollout can still checkpoint exactly that step; returns the step's phases
-        (``colocate.run.phases``) with this run's hooks at their boundaries, in the rollout."""
+        during the rollout can still checkpoint exactly that step; returns this run's hook
+        for the step's phase boundaries (``colocate.run.loop.StepPhases``)."""
         self.state.snapshot = copy.deepcopy(self._plain_parts())
         step = self.state.step + 1
         if self.run.timeline is not None:
             self.run.timeline.step = step
-        phases = StepPhases([functools.partial(self._at_boundary, step)])
-        phases.enter("rollout")
-        return phases
+        return functools.partial(self._at_boundary, step)
 
     def _at_boundary(self, step: int, event: str, phase: str) -> None:
         """Step ``step``'s hook: the run's phase (its record, watchers, timeline) and

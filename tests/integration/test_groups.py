@@ -13,7 +13,7 @@ import pytest
 from colocate import api
 from colocate.run import builder, checkpoint
 from colocate.run import loop as ppo_loop
-from colocate.run.phases import StepPhases
+from colocate.run.loop import StepPhases
 from colocate.config import load_config
 from colocate.rollout import generation
 from colocate.rollout.sample import Sample

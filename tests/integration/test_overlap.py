@@ -155,7 +155,7 @@ def test_held_out_evaluation_scores_through_the_feeder_process(tiny_actor_path, 
     import math
 
     from colocate.run import builder, loop as ppo_loop
-    from colocate.run.phases import StepPhases
+    from colocate.run.loop import StepPhases
     from colocate.rollout import evaluation
     from colocate.config import load_config
 

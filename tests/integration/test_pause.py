@@ -229,7 +229,7 @@ def test_a_step_without_a_cut_leaves_no_parked_request_running_into_the_sync(tmp
     and resume as prompt + partial)."""
     from colocate.config import load_config
     from colocate.run import builder, loop as ppo_loop
-    from colocate.run.phases import StepPhases
+    from colocate.run.loop import StepPhases
 
     overrides = run_overrides(tiny_pair("ppo", 0, 2), tmp_path, "rollout.batch_size=4", "rollout.group_size=4",
                               "ppo.advantage=grpo", "ppo.minibatches=1", "overlap.mode=auto",
