@@ -45,6 +45,9 @@ class DataConfig:
     # the datasets library), a save_to_disk folder, or a .jsonl/.json/.parquet/.csv file
     source: str = "sentiment-prompts"
     max_prompt_tokens: int = 96
+    # leave out the prompts longer than max_prompt_tokens (counted in one log line) instead of
+    # refusing the run (verl's data.filter_overlong_prompts); eval prompts too
+    filter_overlong_prompts: bool = False
     seed: int = 0
     eval_prompts: int = 16  # the last N of the shuffled source, never trained on (0: none)
     split: str = "train"  # a dataset's split (hf:, a save_to_disk DatasetDict)

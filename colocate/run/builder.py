@@ -253,10 +253,11 @@ def environment(cfg: Config, env: Environment | None) -> Environment | None:
     return check_environment(env, "env") if env is not None else None
 
 
-def _data(cfg: Config, tokenizer, instruction: str = ""):
+def _data(cfg: Config, tokenizer, instruction: str = "", log: Callable[[str], None] = print):
     """(training prompts, held-out evaluation prompts), tokenized; an environment's
     ``instruction`` (how to use its tool) follows each prompt's text (chat messages: the last
-    user turn's)."""
+    user turn's); ``data.filter_overlong_prompts``: those longer than ``data.max_prompt_tokens``
+    left out, in one log line."""
     d = cfg.data
     prompts = tasks.load_prompt_source(d.source, None, d.seed, split=d.split, prompt_key=d.prompt_key,
                                        answer_key=d.answer_key)
@@ -264,9 +265,17 @@ def _data(cfg: Config, tokenizer, instruction: str = ""):
         prompts = [p.with_instruction(instruction) for p in prompts]
     held = cfg.data.eval_prompts if cfg.run.eval_every > 0 else 0
     train, held_out = split_held_out(prompts, held)
-    chat = cfg.data.apply_chat_template
-    return (tokenize_prompts(tokenizer, train, cfg.data.max_prompt_tokens, chat),
-            tokenize_prompts(tokenizer, held_out, cfg.data.max_prompt_tokens, chat))
+    chat, most, drop = cfg.data.apply_chat_template, cfg.data.max_prompt_tokens, cfg.data.filter_overlong_prompts
+    kept = [tokenize_prompts(tokenizer, part, most, chat, drop_overlong=drop) for part in (train, held_out)]
+    left = [len(part) - len(k) for part, k in zip((train, held_out), kept)]
+    if train and not kept[0]:
+        raise ConfigError(f"data: every training prompt is longer than data.max_prompt_tokens {most}, so "
+                          "data.filter_overlong_prompts leaves none; raise data.max_prompt_tokens")
+    if any(left):
+        log(f"data: left out {left[0]} of {len(train)} training prompts" + (f" and {left[1]} of {len(held_out)} "
+            "held-out ones" if held_out else "") + f" longer than data.max_prompt_tokens {most} "
+            "(data.filter_overlong_prompts)")
+    return kept[0], kept[1]
 
 
 def _reward_fns(cfg: Config, extra: Sequence[RewardFn]) -> list[RewardFn]:
@@ -301,10 +310,11 @@ class StartInputs:
 
 
 def start_inputs(cfg: Config, env: Environment | None, placement: Placement, world_size: int,
-                 reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True) -> StartInputs:
+                 reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True,
+                 log: Callable[[str], None] = print) -> StartInputs:
     """Models resolved, remote code, world size, LoRA's target names against the models,
     reward functions loaded, prompts tokenized
-    (``data.max_prompt_tokens``), each engine's model against SGLang (its folder, arguments,
+    (``data.max_prompt_tokens``; ``log``: the prompts left out), each engine's model against SGLang (its folder, arguments,
     model class and config: ``engine.start_checks.check_startable``, on ranks that host
     engines), prompt + budget against each engine's context and KV pool: every refusal one
     line, no engine started. ``build_models=False``: a reward
@@ -333,7 +343,7 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     if env is not None and isinstance(getattr(env, "role", None), str):  # the role it answers with, if declared:
         frame = ObservationTemplate(tokenizer, stop_ids(tokenizer), cfg.data.apply_chat_template)
         frame.check(env.role)  # refused before any engine starts
-    prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "")
+    prompts, eval_prompts = _data(cfg, tokenizer, env.instruction if env is not None else "", log)
     actor_cfg, reward_cfg = engine_configs(cfg, actor_path, reward_path, placement)
     check_contexts(cfg, actor_cfg, reward_cfg, prompts + eval_prompts)  # before SGLang is imported
     if placement.hosts_engines:  # SGLang can load each model: one line here, not a scheduler's traceback
@@ -392,7 +402,7 @@ def _build(cfg: Config, dist, placement: Placement, resume: str | Path | None, r
            folder: run_folder.RunFolder | None) -> Session:
     """`build` after the process group (and the run folder) are set up."""
     device = dist.device.type
-    inputs = start_inputs(cfg, env, placement, dist.world_size, reward_fns)
+    inputs = start_inputs(cfg, env, placement, dist.world_size, reward_fns, log=log)
     if cfg.run.eval_every > 0 and (note := held_out_note(cfg.data.eval_prompts, len(inputs.eval_prompts),
                                                           len(inputs.prompts) + len(inputs.eval_prompts))):
         log(note)

@@ -61,8 +61,9 @@ def check(cfg: Config, *, nproc: int = 1, env: Environment | None = None, resume
     run_folder.check(cfg, resume)  # an earlier run's records, another run holding the folder
     placement = Placement(world=nproc, local_world=nproc, tp_size=cfg.engines.tp_size,
                           visible_gpus=torch.cuda.device_count() if device == "cuda" else 0)
-    inputs = start_inputs(cfg, env, placement, nproc, build_models=False)
-    notes = ()
+    left_out: list[str] = []  # data.filter_overlong_prompts: how many prompts it leaves out
+    inputs = start_inputs(cfg, env, placement, nproc, build_models=False, log=left_out.append)
+    notes = tuple(left_out)
     if cfg.reward.kind == "model" and inputs.reward_path is None:
         notes = (f"models.reward {cfg.models.reward} is not built yet (the first run builds it once), "
                  "so the prompts are not checked against its context",)

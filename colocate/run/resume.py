@@ -34,6 +34,7 @@ FIXED = (
     "models.reward",  # the rewards the critic has learnt to predict
     "data.source", "data.seed", "data.eval_prompts",  # the data position counts into this shuffled training split
     "data.split", "data.prompt_key",  # ... of these rows and prompts
+    "data.filter_overlong_prompts",  # ... all of them, or those that fit (FILTERED)
     "ppo.kl_kind",  # the saved KL controller state is of one kind
     "ppo.advantage",  # a critic is trained (gae) or none is saved (critic-free)
     "rollout.group_size",  # the data position counts groups; deferred groups have this size
@@ -41,6 +42,9 @@ FIXED = (
 # ... and in a run with a LoRA adapter (or a resume adding one), which weights carry one and
 # its shapes: the checkpoint holds those tensors and their optimizer state (lora.alpha may change)
 LORA = ("lora.rank", "lora.target_modules", "lora.actor", "lora.critic")
+# ... and in a run that leaves out the prompts longer than data.max_prompt_tokens, what
+# decides which are left out: a prompt's tokens (the chat template, an environment's instruction)
+FILTERED = ("data.max_prompt_tokens", "data.apply_chat_template", "rollout.env")
 _PATHS = ("models.actor", "models.reward", "models.critic", "data.source", "run.out_dir")  # equal: one folder or file
 _FIX = "keep the run's value or start a new run (another run.out_dir)"
 
@@ -99,7 +103,8 @@ def _fixed_changes(saved: Config | None, cfg: Config, record: Mapping[str, Any])
     trained_from = [(key, value, getattr(cfg.models, key.split(".")[1])) for key, value in recorded.items()
                     if not _same(key, value, getattr(cfg.models, key.split(".")[1])) and key not in moved_to]
     changes = config_changes(saved, cfg) if saved is not None else []
-    fixed = FIXED + (_adapter_keys(saved, cfg) if saved is not None else ())
+    fixed = FIXED + (_adapter_keys(saved, cfg) + (FILTERED if saved.data.filter_overlong_prompts else ())
+                     if saved is not None else ())
     return [c for c in changes if c[0] in fixed and c[0] not in recorded and c[0] not in moved_to] + trained_from
 
 

@@ -89,22 +89,30 @@ class RunContext:
     folder: RunFolder | None = None  # the run folder held for the run (rank 0 of api.train), let go at close
 
 
-def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: bool = True) -> list[TokenizedPrompt]:
+def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: bool = True, *,
+                     drop_overlong: bool = False) -> list[TokenizedPrompt]:
     """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
     messages; ``chat`` False, ``data.apply_chat_template=false``: the text as it is); prompts
-    longer than ``max_tokens``, or messages the chat template refuses, are refused in one line
-    naming the row, one with more characters than that many tokens can hold before it is
-    tokenized (``colocate.assets.prompt_chars``); so is a tokenizer without a chat template
-    where one is needed."""
+    longer than ``max_tokens`` are refused in one line naming the first, how many there are and
+    the longest (``drop_overlong``, ``data.filter_overlong_prompts``: left out), and so are
+    messages the chat template refuses, naming the row; one
+    with more characters than that many tokens can hold is not tokenized
+    (``colocate.assets.prompt_chars``: refused at once, or left out); so is a tokenizer without
+    a chat template where one is needed."""
     if chat and prompts and not getattr(tokenizer, "chat_template", None):
         raise ConfigError("models.actor: its tokenizer has no chat template (a base model?), and prompts are put in "
                           "one (data.apply_chat_template=true); set data.apply_chat_template=false to train on the "
                           "prompt text as it is, or use a model whose tokenizer_config.json has a chat_template")
     out, limit = [], char_limit(tokenizer, max_tokens)
+    over: list[tuple[str, int | None]] = []  # (name, tokens; None: refused by its characters, not tokenized)
     for i, prompt in enumerate(prompts):
         name = f"prompt {i}" + (f" ({prompt.where})" if prompt.where else "")
-        if limit is not None:
-            _check_chars(limit, name, prompt.contents)
+        chars = limit.over(prompt.contents) if limit is not None else 0
+        if chars:
+            if not drop_overlong:
+                raise ConfigError(_chars_line(limit, name, chars))
+            over.append((name, None))
+            continue
         if not chat and prompt.messages:
             raise ConfigError(f"data: {name} is chat messages, which only a chat template can format; set "
                               "data.apply_chat_template=true, or give data.prompt_key a column of text prompts")
@@ -117,19 +125,30 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: b
             raise ConfigError(f"data: prompt {i} ({where}roles {roles}): the actor's chat template refuses it ({why}); "
                               "fix data.prompt_key's messages or use a model whose template takes them") from None
         if len(ids) > max_tokens:
-            raise ConfigError(
-                f"data: {name} has {len(ids)} tokens > data.max_prompt_tokens {max_tokens}; "
-                "raise data.max_prompt_tokens or shorten the prompt")
+            over.append((name, len(ids)))
+            continue
         out.append(TokenizedPrompt(tuple(ids), dict(prompt.meta)))
+    if over and not drop_overlong:
+        raise ConfigError(_overlong_line(over, len(prompts), max_tokens))
     return out
 
 
-def _check_chars(limit: CharLimit, name: str, contents: Sequence[str]) -> None:
-    """Refuse a prompt whose characters are more than ``limit.max_tokens`` tokens can hold, untokenized."""
-    chars = limit.over(contents)
-    if chars:
-        raise ConfigError(
-            f"data: {name} has {chars} characters besides whitespace > {limit.chars} (data.max_prompt_tokens "
+def _overlong_line(over: Sequence[tuple[str, int | None]], total: int, max_tokens: int) -> str:
+    """The one line of prompts longer than ``max_tokens``: the first, how many, the longest tokenized."""
+    name, n = over[0]
+    first = f"{name} has {n} tokens" if n is not None else f"{name} has more tokens"
+    counted = [x for x in over if x[1] is not None]
+    longest = max(counted, key=lambda x: x[1]) if counted else None
+    more = f" ({len(over)} of {total} prompts are longer; the longest tokenized, {longest[0]}, has {longest[1]})" \
+        if len(over) > 1 and longest is not None else ""
+    to = f" to {longest[1]}" if longest is not None and len(over) == len(counted) else ""
+    return (f"data: {first} > data.max_prompt_tokens {max_tokens}{more}; raise data.max_prompt_tokens{to}, "
+            "shorten the prompts, or leave them out with data.filter_overlong_prompts=true")
+
+
+def _chars_line(limit: CharLimit, name: str, chars: int) -> str:
+    """The one line of a prompt whose characters are more than ``limit.max_tokens`` tokens can hold, untokenized."""
+    return (f"data: {name} has {chars} characters besides whitespace > {limit.chars} (data.max_prompt_tokens "
             f"{limit.max_tokens} × {limit.per_token}, the longest token of the actor's tokenizer, × {JOINED}): more "
             f"than {limit.max_tokens} tokens, refused before tokenizing; raise data.max_prompt_tokens or shorten the "
             "prompt")

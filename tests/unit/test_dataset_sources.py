@@ -139,6 +139,29 @@ def test_an_instruction_follows_the_last_user_turn(tmp_path):
     assert plain.text == "Hi\n\nUse the tool." and plain.messages == ()
 
 
+def test_prompts_longer_than_the_limit_are_one_line_naming_the_first_how_many_and_the_longest(tok):
+    prompts = [tasks.Prompt(text) for text in ("hi", "one " * 30, "two " * 60, "ok")]
+    lengths = [len(chat_prompt_ids(tok, p.text)) for p in prompts]
+    limit = max(lengths[0], lengths[3])
+    with pytest.raises(ConfigError) as info:
+        tokenize_prompts(tok, prompts, limit)
+    assert str(info.value) == (
+        f"data: prompt 1 has {lengths[1]} tokens > data.max_prompt_tokens {limit} (2 of 4 prompts are longer; the "
+        f"longest tokenized, prompt 2, has {lengths[2]}); raise data.max_prompt_tokens to {lengths[2]}, shorten the "
+        "prompts, or leave them out with data.filter_overlong_prompts=true")
+    kept = tokenize_prompts(tok, prompts, limit, drop_overlong=True)  # data.filter_overlong_prompts
+    assert [len(p.ids) for p in kept] == [lengths[0], lengths[3]]
+    assert len(tokenize_prompts(tok, prompts, lengths[2])) == 4
+
+
+def test_a_prompt_too_long_by_its_characters_is_left_out_untokenized(tok):
+    huge = tasks.Prompt("word " * 20000)
+    with pytest.raises(ConfigError, match="refused before tokenizing"):
+        tokenize_prompts(tok, [huge], 8)
+    assert tokenize_prompts(tok, [tasks.Prompt("hi"), huge], len(chat_prompt_ids(tok, "hi")), drop_overlong=True) \
+        == tokenize_prompts(tok, [tasks.Prompt("hi")], len(chat_prompt_ids(tok, "hi")))
+
+
 def test_a_template_refusing_the_messages_is_one_line(tok):
     strict = AutoTokenizer.from_pretrained(tok.name_or_path)
     strict.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
@@ -293,3 +316,25 @@ def test_the_runs_prompt_loading_takes_a_parquet_dataset(tmp_path, tok):
         assert list(p.ids) == chat_prompt_ids(tok, row["question"])
     instructed, _ = _data(cfg, tok, "Answer in <answer> tags.")
     assert tok.decode(instructed[0].ids).endswith("\n\nAnswer in <answer> tags.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_run_leaves_out_overlong_prompts_in_one_log_line_when_asked(tmp_path, tok):
+    from colocate.run.builder import _data
+
+    source = _write(tmp_path, "parquet", [{"question": "apples " * (4 * i + 1), "id": i} for i in range(8)])
+    base = [f"data.source={source}", "data.prompt_key=question", "data.eval_prompts=2"]
+    every = _data(load_config(overrides=[*base, "data.max_prompt_tokens=1000"]), tok)
+    lengths = sorted(len(p.ids) for p in every[0] + every[1])
+    cut = lengths[len(lengths) // 2]  # about half are longer
+    with pytest.raises(ConfigError, match="leave them out with data.filter_overlong_prompts=true"):
+        _data(load_config(overrides=[*base, f"data.max_prompt_tokens={cut}"]), tok)
+    said = []
+    train, held_out = _data(load_config(overrides=[*base, f"data.max_prompt_tokens={cut}",
+                                                   "data.filter_overlong_prompts=true"]), tok, log=said.append)
+    assert all(len(p.ids) <= cut for p in train + held_out)
+    left = len(every[0]) - len(train), len(every[1]) - len(held_out)
+    assert sum(left) == sum(n > cut for n in lengths) > 0 and train
+    assert said == [f"data: left out {left[0]} of 6 training prompts and {left[1]} of 2 held-out ones longer than "
+                    f"data.max_prompt_tokens {cut} (data.filter_overlong_prompts)"]
+    with pytest.raises(ConfigError, match="every training prompt is longer than data.max_prompt_tokens 3"):
+        _data(load_config(overrides=[*base, "data.max_prompt_tokens=3", "data.filter_overlong_prompts=true"]), tok)

@@ -104,6 +104,25 @@ def test_an_adapters_shape_and_place_are_kept_by_a_resume(tmp_path, run, overrid
     assert "\n" not in str(e.value) and str(e.value).startswith(f"{key} cannot change when resuming (the run has ")
 
 
+@pytest.mark.parametrize("run,override,refused", [
+    (["data.filter_overlong_prompts=true"], "data.max_prompt_tokens=200", True),  # another set of prompts
+    (["data.filter_overlong_prompts=true"], "data.apply_chat_template=false", True),
+    (["data.filter_overlong_prompts=true"], "rollout.env=calculator", True),  # its instruction: longer prompts
+    ([], "data.filter_overlong_prompts=true", True),
+    ([], "data.max_prompt_tokens=200", False),  # every prompt is kept either way (a longer one is refused)
+])
+def test_which_prompts_a_run_leaves_out_is_kept_by_a_resume(tmp_path, run, override, refused):
+    """The data position counts into the prompts that fit: a resume that changed which ones do
+    would train on other prompts than the run's, silently."""
+    make_run(tmp_path / "run", overrides=[*RUN, *run])
+    if not refused:
+        assert resume.load_run_config(tmp_path / "run", overrides=[override]) is not None
+        return
+    with pytest.raises(ConfigError) as e:
+        resume.load_run_config(tmp_path / "run", overrides=[override])
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{override.split('=')[0]} cannot change when resuming")
+
+
 def test_api_config_is_checked_against_the_run_and_changes_logged_in_one_line(tmp_path):
     saved = make_run(tmp_path / "run")
     lines = []
