@@ -16,7 +16,7 @@ reward engine:
 Started by a run, it is given the run's pid (``--parent-pid``) and ends, with its engine's
 processes, when that process is gone (``engine.parent_watch``).
 
-Leaves out: when chunks are cut (``engine.streamed``) and reward shaping.
+Leaves out: when chunks are cut (``engine.reward.Chunker``) and reward shaping.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from typing import Any, Sequence
 from colocate.rollout.auto_mode import AutoPolicy, ModePicker
 from colocate.rollout.data_source import DataSource
 from colocate.config import Config, OverlapConfig
-from colocate.engine import streamed
+from colocate.engine import reward
 from colocate.rollout import schedule
 from colocate.rollout.schedule import LiveRequests, check_pause_mode
 from colocate.engine.reward_feeder import RewardFeeder
@@ -59,7 +59,7 @@ from colocate.monitor.timeline import Timeline
 from colocate.rollout.controllers import ChunkSizeTuner, DeltaController
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import run_guarded
-from colocate.engine.streamed import FeederLostError, ScoreClient
+from colocate.engine.reward import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn
 from colocate.rollout.generation import sampling_params
@@ -386,7 +386,7 @@ class Rollouts:
         async def scores(step: int, seqs, indices) -> list[float]:
             self.client.last_heard = time.monotonic()  # the loop slept while training
             self.check_feeder()
-            return await streamed.score_whole(self.client, base + step, seqs, indices)
+            return await reward.score_whole(self.client, base + step, seqs, indices)
 
         return scores
 

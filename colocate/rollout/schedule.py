@@ -53,7 +53,7 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Collection, Sequence
 
-from colocate.engine.streamed import Chunker, ScoreClient
+from colocate.engine.reward import Chunker, ScoreClient
 from colocate.monitor.timeline import Timeline, mark
 from colocate.rollout import generation
 from colocate.errors import ConfigError

@@ -8,7 +8,7 @@ turns only (:func:`model_text`). The model's score comes
 from wherever the step got it: streamed chunk by chunk through the feeder (then handed
 in), one-shot from the inline reward engine, or — when the reward model lives in the
 feeder's own process (``overlap.feeder=process``) — one-shot through the feeder
-(:func:`engine.streamed.score_whole`). Leaves out: how the step schedules scoring
+(:func:`engine.reward.score_whole`). Leaves out: how the step schedules scoring
 (``colocate.rollout.schedule``) and the reward functions' error policy
 (``colocate.rollout.reward_fns``).
 """

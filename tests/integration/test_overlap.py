@@ -13,7 +13,7 @@ from colocate.engine import reward
 from colocate.rollout import generation, schedule
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
-from colocate.engine.streamed import ScoreClient
+from colocate.engine.reward import ScoreClient
 from colocate.rollout.scoring import Scorer
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
@@ -116,7 +116,7 @@ def test_feeder_killed_or_hung_mid_step_gives_clear_error(tiny_actor_path, tiny_
     step fails within the feeder timeout with one line, and nothing waits forever."""
     from colocate.run import builder, loop as ppo_loop
     from colocate.config import load_config
-    from colocate.engine.streamed import FeederLostError
+    from colocate.engine.reward import FeederLostError
 
     cfg = load_config(overrides=[
         f"models.actor={tiny_actor_path}", f"models.reward={tiny_rm_path}", f"run.out_dir={tmp_path}",

@@ -29,7 +29,7 @@ from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine, run_guarded
-from colocate.engine.streamed import ScoreClient
+from colocate.engine.reward import ScoreClient
 from colocate.assets.random_models import build_tiny_reward_model
 from colocate.rollout.data_source import TokenizedPrompt
 from colocate.rollout.scoring import Scorer

@@ -14,9 +14,8 @@ import zmq
 
 from colocate.config import load_config
 from colocate.engine.errors import EngineError, RewardRequestError
-from colocate.engine.reward import max_score_tokens, request_error
+from colocate.engine.reward import ScoreClient, ScoreTimeoutError, max_score_tokens, request_error
 from colocate.engine.engine_config import EngineConfig
-from colocate.engine.streamed import ScoreClient, ScoreTimeoutError
 from colocate.engine.wire import Heartbeat, Message, ScoreError, ScoreResult
 from colocate.engine.channel import AsyncSender
 from colocate.errors import ConfigError, in_config_terms
