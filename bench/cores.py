@@ -66,13 +66,13 @@ class Pair:
         self.reward.shutdown()
 
     async def _decode(self, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
-        from colocate.rollout import generation
+        from colocate.rollout import generate_and_score
         from colocate.rollout.sample import Sample
 
         self.runs += 1
         samples = [Sample(i, p, new_tokens) for i, p in enumerate(prompts)]
         t = time.perf_counter()
-        await generation.generate(self.actor, samples, {"temperature": 0.0, "ignore_eos": True}, f"cores-d{self.runs}")
+        await generate_and_score.generate(self.actor, samples, {"temperature": 0.0, "ignore_eos": True}, f"cores-d{self.runs}")
         return time.perf_counter() - t, sum(len(s.output_ids) for s in samples)
 
     async def _score(self, seqs: list[list[int]], gap: float) -> list[float]:

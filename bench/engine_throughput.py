@@ -31,13 +31,13 @@ def _prompts(tokenizer, batch: int) -> list[list[int]]:
 
 
 def _sglang_once(engine, prompts, n) -> float:
-    from colocate.rollout import generation
+    from colocate.rollout import generate_and_score
     from colocate.rollout.sample import Sample
 
     samples = [Sample(i, p, n) for i, p in enumerate(prompts)]
     t = time.perf_counter()
     engine.loop.run_until_complete(
-        generation.generate(engine, samples, {"temperature": 0.0, "ignore_eos": True}, f"bt{int(t*1e3) % 10**8:08d}"))
+        generate_and_score.generate(engine, samples, {"temperature": 0.0, "ignore_eos": True}, f"bt{int(t*1e3) % 10**8:08d}"))
     took = time.perf_counter() - t
     engine.flush_cache()
     return sum(len(s.output_ids) for s in samples) / took

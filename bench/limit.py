@@ -23,7 +23,7 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     """Decode tokens/s of a full batch on the actor engine; prefill tokens/s of the
     reward engine on the same sequences from scratch."""
     from colocate.engine import reward as rm
-    from colocate.rollout import generation
+    from colocate.rollout import generate_and_score
     from colocate.rollout.sample import Sample
 
     B = session.cfg.rollout.batch_size + session.cfg.overlap.delta_max
@@ -31,10 +31,10 @@ def probe(session, tokens: int = 32) -> dict[str, float]:
     samples = [Sample(i, p, tokens) for i, p in enumerate(prompts)]
     loop = session.actor.loop
     warm = [Sample(i, p, 4) for i, p in enumerate(prompts)]
-    loop.run_until_complete(generation.generate(session.actor, warm, {"temperature": 1.0, "ignore_eos": True}, "probw"))
+    loop.run_until_complete(generate_and_score.generate(session.actor, warm, {"temperature": 1.0, "ignore_eos": True}, "probw"))
     session.actor.flush_cache()
     t = time.perf_counter()
-    loop.run_until_complete(generation.generate(session.actor, samples, {"temperature": 1.0, "ignore_eos": True}, "probe"))
+    loop.run_until_complete(generate_and_score.generate(session.actor, samples, {"temperature": 1.0, "ignore_eos": True}, "probe"))
     decode_s = time.perf_counter() - t
     out = {"decode_tokens_per_s": sum(len(s.output_ids) for s in samples) / decode_s, "probe_batch": B}
     out["decode_step_ms"] = 1000.0 * decode_s / tokens  # a token of every sample a step (their prefill spread over them)

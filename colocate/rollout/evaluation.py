@@ -57,7 +57,7 @@ def evaluate(session, answered: list | None = None) -> dict[str, Any]:  # noqa: 
     s.rollouts.evaluate(samples, s.state.step)
     if answered is not None:
         answered.extend(samples)
-    scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.rollout.scoring)
+    scores = [x.score for x in samples]  # rewards: reward.scale applied (colocate.rollout.generate_and_score)
     finite = [v for v in scores if math.isfinite(v)]  # a reward model's NaN, an overflowing sum
     return {
         "step": s.state.step,

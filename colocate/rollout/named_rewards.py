@@ -8,7 +8,7 @@ reward functions are, ``fn(record, text)`` (or with ``messages=``), sync or asyn
 :class:`ConfigError` line naming the field and the entry.
 
 Leaves out: the error policy and calling convention (``colocate.rollout.reward_fns``),
-summing the reward (``colocate.rollout.scoring``), the rules themselves
+summing the reward (``colocate.rollout.generate_and_score``), the rules themselves
 (``colocate.assets.tasks``, ``colocate.assets.math_rule``), which names are valid
 (``colocate.config_checks.RULES``, checked by ``validate``).
 """

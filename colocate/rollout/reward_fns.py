@@ -23,7 +23,7 @@ thread, where math_verify's and other signal-based timeouts work, and cannot be 
 there: one line says, once, which function has run past the deadline on which sample, and
 the step waits for it (:class:`Overdue`).
 
-Leaves out: summing the reward (``colocate.rollout.scoring``), what the shipped rules score
+Leaves out: summing the reward (``colocate.rollout.generate_and_score``), what the shipped rules score
 (``colocate.assets.tasks``).
 """
 

@@ -2,7 +2,7 @@
 every ``overlap.mode`` goes through.
 
 Owns: :class:`Rollouts`, which holds the Δ controller and the chunk-size tuner
-(``colocate.rollout.controllers``), the scorer (``colocate.rollout.scoring``), and — when a
+(``colocate.rollout.controllers``), the scorer (``colocate.rollout.generate_and_score``), and — when a
 mode streams — the reward
 feeder: an asyncio task beside the engines, or its own process with its own reward engine
 (``overlap.feeder=process``; the ZeroMQ socket is the boundary). One call of
@@ -29,7 +29,7 @@ none newer, and all current unless stragglers are carried: a lost sync stops the
 one line).
 
 Leaves out: the schedule itself (``colocate.rollout.schedule``), which samples a step runs
-and trains (``colocate.rollout.data_source``), scoring (``colocate.rollout.scoring``) and
+and trains (``colocate.rollout.data_source``), scoring (``colocate.rollout.generate_and_score``) and
 training.
 """
 
@@ -62,8 +62,7 @@ from colocate.engine.runtime import run_guarded
 from colocate.engine.reward import FeederLostError, ScoreClient
 from colocate.modes import STREAMED, Mode, by_name
 from colocate.rollout.reward_fns import RewardFn
-from colocate.rollout.generation import sampling_params
-from colocate.rollout.scoring import Scorer
+from colocate.rollout.generate_and_score import Scorer, sampling_params
 from colocate.rollout.turns import EnvTurns
 
 # feeder step ids of one-shot scoring through the feeder's process (streamed training steps

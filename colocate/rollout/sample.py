@@ -7,9 +7,9 @@ that SGLang's prefix-matching abort cannot confuse, the group/member index encod
 the engine ranks' union of it (:func:`union_id`), a multi-turn trajectory's settings
 (:class:`MultiTurn`, :class:`TurnReply`) and the budget check against a context.
 
-Leaves out: generating it on the actor engine (``colocate.rollout.generation``), which
+Leaves out: generating and scoring it (``colocate.rollout.generate_and_score``), which
 samples to launch or defer (``colocate.rollout.data_source``), the step's schedule
-(``colocate.rollout.schedule``), scoring (``colocate.rollout.scoring``).
+(``colocate.rollout.schedule``).
 """
 
 from __future__ import annotations

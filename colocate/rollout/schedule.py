@@ -55,7 +55,7 @@ from typing import Any, Awaitable, Callable, Collection, Sequence
 
 from colocate.engine.reward import Chunker, ScoreClient
 from colocate.monitor.timeline import Timeline, mark
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.errors import ConfigError
 from colocate.rollout.sample import MultiTurn, OnTokens, Sample, Status, check_budget
 
@@ -113,7 +113,7 @@ class Relay:
 @dataclasses.dataclass
 class LiveRequest:
     sample: Sample  # the stream's own sample: it keeps growing while parked
-    task: asyncio.Task  # the stream (colocate.rollout.generation.stream_sample)
+    task: asyncio.Task  # the stream (colocate.rollout.generate_and_score.stream_sample)
     relay: Relay
     tag: str  # the step tag of its request id (for an abort)
     start_len: int = 0  # the sample's tokens when its request was sent
@@ -166,7 +166,7 @@ class LiveRequests:
         for r in reqs:
             r.relay.drop()  # a trajectory waiting between turns ends there
             if not r.task.done():
-                generation.abort(engine, r.sample, r.tag)
+                generate_and_score.abort(engine, r.sample, r.tag)
         if reqs:
             await engine.continue_generation()  # a paused engine ends the aborted requests only once it runs
             await asyncio.wait([r.task for r in reqs], timeout=timeout_s)
@@ -184,7 +184,7 @@ class LiveRequests:
 # (finished samples in launch order, request id prefix, step) -> their rewards, after generation ended
 ScoreAll = Callable[[list[Sample], str, int], Awaitable[list[float]]]
 # (finished sample, its streamed reward-model score or None, request id prefix, step) -> its
-# reward (``colocate.rollout.scoring.Scorer``: a one-shot model score when none streamed, reward
+# reward (``colocate.rollout.generate_and_score.Scorer``: a one-shot model score when none streamed, reward
 # functions, reward.scale); without one a sample's reward is its streamed score (or 0.0)
 SampleScore = Callable[[Sample, "float | None", str, int], Awaitable[float]]
 
@@ -206,7 +206,7 @@ class _Clock:
 
 async def _one(actor, sample: Sample, sampling, tag: str, step: int, *, client: ScoreClient | None,
                score: SampleScore | None, chunk: int, clock: _Clock, on_done, run: "_Run") -> None:
-    run.start(sample, tag, lambda s, relay: generation.stream_sample(
+    run.start(sample, tag, lambda s, relay: generate_and_score.stream_sample(
         actor, s, sampling, tag, relay, run.timeline, run.turns, go_on=run.next_turn(s.index, relay)))
     chunker = Chunker(client, step, sample.index, sample.prompt_ids + sample.output_ids, chunk) if client is not None else None
     if client is not None:
@@ -320,7 +320,7 @@ class Schedule:
         (``in_place``/``retract``; the unfinished samples handed back are those streams'
         own samples, ``Status.PARKED``). A launched sample parked in ``live`` by an earlier step continues its
         stream instead of sending a new request. With ``turns`` each sample is a multi-turn
-        trajectory (``colocate.rollout.generation.stream_sample``): an abort reaches it
+        trajectory (``colocate.rollout.generate_and_score.stream_sample``): an abort reaches it
         mid-turn (its request) or between turns (after the environment's answer); parked, its
         request waits in the paused engine, or, between turns, it waits after the
         environment's answer until a later step adopts it. A parked stream this step does not
@@ -361,7 +361,7 @@ class Schedule:
                     for i in stragglers:
                         mark(timeline, "aborted", i)
                         run.aborted.add(i)
-                        generation.abort(actor, run.streams[i].sample, tag)
+                        generate_and_score.abort(actor, run.streams[i].sample, tag)
                 else:
                     parking.append(asyncio.ensure_future(
                         _park(actor, pause_mode, stragglers, run, tasks, client, step, clock.scored)))
@@ -372,7 +372,7 @@ class Schedule:
             # new version's; they end here and go again as new requests (their copies are deferred)
             await live.discard(actor, live.unstarted())
         await actor.continue_generation()  # stragglers parked by the last cut go on (no-op unpaused)
-        await generation.prefill_shared_prompts(actor, samples, tag)  # before any member runs
+        await generate_and_score.prefill_shared_prompts(actor, samples, tag)  # before any member runs
         for s in samples:
             tasks[s.index] = asyncio.ensure_future(_one(
                 actor, s, sampling, tag, step, client=client, score=score, chunk=chunk, clock=clock,
@@ -408,7 +408,7 @@ async def _generate_then_score(actor, samples: Sequence[Sample], sampling: dict[
                                run: _Run, clock: _Clock, score_all: ScoreAll) -> OverlapResult:
     """:meth:`Schedule.run_then_score`: every sample's stream (a shared prompt prefilled
     first), then the finished ones scored together in launch order."""
-    await generation.prefill_shared_prompts(actor, samples, tag)
+    await generate_and_score.prefill_shared_prompts(actor, samples, tag)
     tasks = [asyncio.ensure_future(_one(actor, s, sampling, tag, step, client=None, score=None, chunk=0, clock=clock,
                                         on_done=None, run=run)) for s in samples]
     try:
@@ -463,7 +463,7 @@ async def _stop(actor, run: _Run, tasks, tag: str, client: ScoreClient | None, s
         await run.live.discard(actor)
     for i, req in run.streams.items():
         if not req.task.done():
-            generation.abort(actor, req.sample, req.tag)
+            generate_and_score.abort(actor, req.sample, req.tag)
     await actor.continue_generation()  # a paused engine finishes the aborts only once it runs
     for t in [*tasks, *(r.task for r in run.streams.values())]:
         t.cancel()

@@ -18,7 +18,7 @@ process), the answer checked, and failures as one line naming the environment, t
 and the sample (``reward.on_error=raise``), or the trajectory ended there with nothing
 added and the failure counted (``zero``; ``env/errors`` in metrics.jsonl).
 
-Leaves out: the turn loop itself (``colocate.rollout.generation.stream_sample``), what an environment
+Leaves out: the turn loop itself (``colocate.rollout.generate_and_score.stream_sample``), what an environment
 answers (``colocate.rollout.calculator``, ``colocate.rollout.scripted_env``, the user's).
 """
 

@@ -99,7 +99,7 @@ def step(s: Session, trained: list | None = None) -> dict[str, Any]:
     samples = data.samples
     if trained is not None:
         trained.extend(samples)
-    scores = [x.score for x in samples]  # rewards (colocate.rollout.scoring: reward.scale applied)
+    scores = [x.score for x in samples]  # rewards (colocate.rollout.generate_and_score: reward.scale applied)
     phases.enter("train")
     if not all(math.isfinite(v) for v in scores):  # nothing trained: the weights stay as they were
         reason = "non-finite reward from the reward model/functions"

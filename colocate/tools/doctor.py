@@ -21,7 +21,7 @@ import torch
 from colocate.assets.models import default_cache_dir
 from colocate.assets.random_models import build_tiny_causal_lm
 from colocate.engine import sglang_api
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig, compiled_cuda_kernels, default_attention_backend
 from colocate.engine.runtime import SglangEngine
@@ -91,7 +91,7 @@ def smoke_test(progress: Callable[[str], None] = print) -> tuple[bool, str]:
             sample = Sample(0, [1, 5, 6, 7], 16)
             started = time.perf_counter()
             eng.loop.run_until_complete(
-                generation.generate(eng, [sample], {"temperature": 0.0, "ignore_eos": True}, "doctor")
+                generate_and_score.generate(eng, [sample], {"temperature": 0.0, "ignore_eos": True}, "doctor")
             )
             took = time.perf_counter() - started
         finally:

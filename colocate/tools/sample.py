@@ -20,10 +20,10 @@ from colocate.errors import ConfigError
 from colocate.assets.model_aliases import resolve_model
 from colocate.assets.tasks import chat_prompt_ids, raw_prompt_ids
 from colocate.config import EnginesConfig, ModelsConfig, load_config
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 from colocate.engine.runtime import SglangEngine
-from colocate.rollout.generation import sampling_params
+from colocate.rollout.generate_and_score import sampling_params
 from colocate.tools.export import export_actor, log_level_of
 
 
@@ -120,7 +120,7 @@ def generate(model: str, prompts: Sequence[str], opts: SampleOptions = SampleOpt
     log(f"actor engine up: {Path(folder).name} in {engine.start_seconds:.1f} s")
     try:
         samples = [Sample(i, p, opts.max_new_tokens) for i, p in enumerate(ids)]
-        engine.loop.run_until_complete(generation.generate(
+        engine.loop.run_until_complete(generate_and_score.generate(
             engine, samples, sampling_params(opts.temperature, opts.top_p, stop), "gen"))
     finally:
         engine.shutdown()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import PromptTooLongError, Sample
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def run(engine, coro):
 
 def test_greedy_matches_hf_tokens_and_logprobs(actor_engine, tiny_actor_path):
     samples = [Sample(i, p, 12) for i, p in enumerate(PROMPTS)]
-    run(actor_engine, generation.generate(actor_engine, samples, {**GREEDY, "ignore_eos": True}, "hfeq"))
+    run(actor_engine, generate_and_score.generate(actor_engine, samples, {**GREEDY, "ignore_eos": True}, "hfeq"))
     model = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
     for s in samples:
         tokens, logps = hf_greedy(model, s.prompt_ids, 12)
@@ -52,7 +52,7 @@ def test_qwen2_actor_matches_hf(tiny_qwen_path):
     eng = SglangEngine(EngineConfig(tiny_qwen_path, role="actor", device="cpu", max_total_tokens=4096))
     try:
         s = Sample(0, PROMPTS[0], 10)
-        run(eng, generation.generate(eng, [s], {**GREEDY, "ignore_eos": True}, "qwen"))
+        run(eng, generate_and_score.generate(eng, [s], {**GREEDY, "ignore_eos": True}, "qwen"))
         tokens, logps = hf_greedy(tiny_qwen_path, s.prompt_ids, 10)
         assert s.output_ids == tokens
         assert max(abs(a - b) for a, b in zip(s.logprobs, logps)) < 1e-4
@@ -63,28 +63,28 @@ def test_qwen2_actor_matches_hf(tiny_qwen_path):
 def test_abort_then_resume_equals_uninterrupted(actor_engine):
     budget = 40
     full = Sample(0, PROMPTS[2], budget)
-    run(actor_engine, generation.generate(actor_engine, [full], {**GREEDY, "ignore_eos": True}, "full"))
+    run(actor_engine, generate_and_score.generate(actor_engine, [full], {**GREEDY, "ignore_eos": True}, "full"))
 
     part = Sample(0, PROMPTS[2], budget)
 
     async def interrupted():
         task = asyncio.ensure_future(
-            generation.stream_sample(actor_engine, part, {**GREEDY, "ignore_eos": True}, "abrt"))
+            generate_and_score.stream_sample(actor_engine, part, {**GREEDY, "ignore_eos": True}, "abrt"))
         while len(part.output_ids) < 6:
             await asyncio.sleep(0.002)
-        generation.abort(actor_engine, part, "abrt")
+        generate_and_score.abort(actor_engine, part, "abrt")
         await task
 
     run(actor_engine, interrupted())
     k = len(part.output_ids)
     assert part.finish_reason == "abort" and 6 <= k < budget
     assert part.remaining == budget - k
-    run(actor_engine, generation.stream_sample(actor_engine, part, {**GREEDY, "ignore_eos": True}, "abrt"))
+    run(actor_engine, generate_and_score.stream_sample(actor_engine, part, {**GREEDY, "ignore_eos": True}, "abrt"))
     assert part.output_ids == full.output_ids
     assert len(part.output_ids) == budget == len(part.logprobs)
     assert max(abs(a - b) for a, b in zip(part.logprobs, full.logprobs)) < 1e-4
     # a sample whose budget is spent is never sent again
-    run(actor_engine, generation.stream_sample(actor_engine, part, GREEDY, "abrt"))
+    run(actor_engine, generate_and_score.stream_sample(actor_engine, part, GREEDY, "abrt"))
     assert len(part.output_ids) == budget and part.finish_reason == "length"
 
 
@@ -92,12 +92,12 @@ def test_prompt_longer_than_context_is_refused(actor_engine):
     ctx = actor_engine.context_length
     s = Sample(3, [1] * (ctx - 5), 16)
     with pytest.raises(PromptTooLongError, match=r"prompts\[3\].*context length"):
-        run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "long"))
+        run(actor_engine, generate_and_score.generate(actor_engine, [s], GREEDY, "long"))
 
 
 def test_sampling_is_seeded_and_logprobs_are_finite(actor_engine):
     samples = [Sample(i, PROMPTS[1], 16) for i in range(4)]
-    run(actor_engine, generation.generate(actor_engine, samples, {"temperature": 1.0, "ignore_eos": True}, "samp"))
+    run(actor_engine, generate_and_score.generate(actor_engine, samples, {"temperature": 1.0, "ignore_eos": True}, "samp"))
     outs = {tuple(s.output_ids) for s in samples}
     assert len(outs) > 1  # temperature 1 on a random model: different continuations
     for s in samples:

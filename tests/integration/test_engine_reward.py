@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from colocate.engine import reward
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_incremental_equals_one_shot_and_hits_the_cache(reward_engine):
 def test_actor_and_reward_serve_concurrently(actor_engine, reward_engine):
     greedy = {"temperature": 0.0, "ignore_eos": True}
     alone_s = [Sample(i, [1, 5 + i, 9], 24) for i in range(3)]
-    run(actor_engine, generation.generate(actor_engine, alone_s, greedy, "alon"))
+    run(actor_engine, generate_and_score.generate(actor_engine, alone_s, greedy, "alon"))
     alone_r = run(reward_engine, reward.score_many(reward_engine, SEQS, "alon"))
 
     async def together():
@@ -64,7 +64,7 @@ def test_actor_and_reward_serve_concurrently(actor_engine, reward_engine):
         async def feed(sample, new_ids):  # score each chunk while decoding continues
             await scorers[sample.index].extend(new_ids)
 
-        gen = generation.generate(actor_engine, samples, greedy, "conc", on_tokens=feed)
+        gen = generate_and_score.generate(actor_engine, samples, greedy, "conc", on_tokens=feed)
         _, scores = await asyncio.gather(gen, reward.score_many(reward_engine, SEQS, "conc"))
         return samples, scores, scorers
 

@@ -12,7 +12,7 @@ import signal
 import psutil
 import pytest
 
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 from colocate.engine.engine_config import EngineConfig
 from colocate.engine.runtime import SglangEngine
@@ -27,7 +27,7 @@ def _start_generate_stop(threads: int, model: str) -> dict:
     eng = SglangEngine(EngineConfig(model, device="cpu", max_total_tokens=4096, threads=threads))
     try:
         samples = [Sample(i, [5, 6, 7, 8 + i], 8) for i in range(4)]
-        eng.loop.run_until_complete(generation.generate(eng, samples, {"temperature": 0.0, "ignore_eos": True}, "thr"))
+        eng.loop.run_until_complete(generate_and_score.generate(eng, samples, {"temperature": 0.0, "ignore_eos": True}, "thr"))
         procs = [psutil.Process(pid) for pid in eng.child_pids]
         (sched,) = [p for p in procs if "scheduler" in p.name()]
         sigterm_running = signal.getsignal(signal.SIGTERM)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 from tests.integration.test_engine_actor import hf_greedy
 
@@ -37,7 +37,7 @@ def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine
     run = actor_engine.loop.run_until_complete
     base = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
     before = Sample(0, PROMPT, 12)
-    run(generation.generate(actor_engine, [before], GREEDY, "wold"))  # PROMPT now in the radix cache
+    run(generate_and_score.generate(actor_engine, [before], GREEDY, "wold"))  # PROMPT now in the radix cache
     assert before.output_ids == hf_greedy(base, PROMPT, 12)[0]
 
     new = AutoModelForCausalLM.from_pretrained(tiny_actor_path, dtype=torch.float32)
@@ -53,14 +53,14 @@ def test_weight_update_changes_generation_and_never_serves_stale_kv(actor_engine
     try:
         assert seconds > 0 and actor_engine.weight_version == old_version + 1
         after = Sample(0, PROMPT, 12)
-        run(generation.generate(actor_engine, [after], GREEDY, "wnew"))
+        run(generate_and_score.generate(actor_engine, [after], GREEDY, "wnew"))
         assert after.output_ids == want_tokens
         assert max(abs(a - b) for a, b in zip(after.logprobs, want_logps)) < 1e-4
         assert set(after.versions) == {old_version + 1}
     finally:  # restore the session engine's weights for other tests
         actor_engine.update_weights(buckets(base, 10**9), version=old_version + 2)
     again = Sample(0, PROMPT, 12)
-    run(generation.generate(actor_engine, [again], GREEDY, "wbak"))
+    run(generate_and_score.generate(actor_engine, [again], GREEDY, "wbak"))
     assert again.output_ids == before.output_ids
 
 
@@ -72,7 +72,7 @@ def test_wait_idle_waits_for_a_running_request_and_gives_up_in_one_line(actor_en
 
     loop = actor_engine.loop
     sample = Sample(0, PROMPT, 900)
-    task = loop.create_task(generation.generate(actor_engine, [sample], GREEDY, "wbusy"))
+    task = loop.create_task(generate_and_score.generate(actor_engine, [sample], GREEDY, "wbusy"))
     loop.run_until_complete(asyncio.sleep(0.3))  # the request is running now
     assert actor_engine.flush_cache() is False  # refused at once while it runs
     with pytest.raises(EngineError) as err:
@@ -142,7 +142,7 @@ def test_the_payloads_of_an_exchange_reach_sglang_in_tp_rank_order(actor_engine,
                                         exchange=exchange(own_first, sent))
             assert len(sent) == len(others)  # one exchange per bucket
             out = Sample(0, PROMPT, 12)
-            run(generation.generate(actor_engine, [out], GREEDY, f"wtp{step}"))
+            run(generate_and_score.generate(actor_engine, [out], GREEDY, f"wtp{step}"))
             assert out.output_ids == want
     finally:  # restore the session engine's weights for other tests
         actor_engine.update_weights(buckets(base, 10**9), version=version + 3)
@@ -191,7 +191,7 @@ def test_a_lora_sync_pushes_only_the_adapted_linears_and_serves_the_merged_model
     weight_sync.sync(actor_engine, pushed, old_version + 1, bucket_mb=1)
     try:
         after = Sample(0, PROMPT, 12)
-        actor_engine.loop.run_until_complete(generation.generate(actor_engine, [after], GREEDY, "wlora"))
+        actor_engine.loop.run_until_complete(generate_and_score.generate(actor_engine, [after], GREEDY, "wlora"))
         assert after.output_ids == want_tokens
         assert max(abs(a - b) for a, b in zip(after.logprobs, want_logps)) < 1e-4
     finally:  # restore the session engine's weights for other tests

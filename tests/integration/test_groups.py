@@ -15,7 +15,7 @@ from colocate.run import builder, checkpoint
 from colocate.run import loop as ppo_loop
 from colocate.run.loop import StepPhases
 from colocate.config import load_config
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_group_members_are_served_the_shared_prompt_from_the_radix_cache(actor_e
     rng = random.Random(1404)
     prompts = [[1] + [rng.randrange(20, 250) for _ in range(40)] for _ in range(2)]  # unseen by other tests
     samples = [Sample(i, list(prompts[i // 3]), 4, group=i // 3) for i in range(6)]
-    actor_engine.loop.run_until_complete(generation.generate(actor_engine, samples, GREEDY, "grp"))
+    actor_engine.loop.run_until_complete(generate_and_score.generate(actor_engine, samples, GREEDY, "grp"))
     for s in samples:
         assert len(s.output_ids) == 4
         assert s.cached_tokens >= len(s.prompt_ids) - 1, (s.index, s.cached_tokens)  # prefilled once, shared

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from transformers import AutoTokenizer
 
-from colocate.rollout import generation
+from colocate.rollout import generate_and_score
 from colocate.rollout.sample import Sample
 from colocate.rollout.env import Observation
 from colocate.rollout.scripted_env import ScriptedEnv
@@ -75,7 +75,7 @@ def test_trajectory_equals_a_naive_turn_by_turn_reference(actor_engine, tokenize
     ids = prompt(tokenizer)
     s = Sample(0, list(ids), budget)
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES, turn_rewards=(0.25, 0.5), final_reward=1.0))
-    run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "mt", turns=turns.multi_turn()))
+    run(actor_engine, generate_and_score.generate(actor_engine, [s], GREEDY, "mt", turns=turns.multi_turn()))
     ref_out, ref_mask = naive_reference(actor_engine, tokenizer, ids, budget)
     assert s.output_ids == ref_out
     assert s.mask() == ref_mask
@@ -90,14 +90,14 @@ def test_trajectory_equals_a_naive_turn_by_turn_reference(actor_engine, tokenize
 
 def _uninterrupted(engine, tokenizer, turns, budget=96):
     s = Sample(1, list(prompt(tokenizer)), budget)
-    run(engine, generation.generate(engine, [s], GREEDY, "un", turns=turns))
+    run(engine, generate_and_score.generate(engine, [s], GREEDY, "un", turns=turns))
     return s
 
 
 def _resumed(engine, turns, part):
     """``part`` through a checkpoint (JSON-safe fields) and resumed to its end."""
     again = Sample(**dataclasses.asdict(part))
-    run(engine, generation.stream_sample(engine, again, GREEDY, "re", turns=turns))
+    run(engine, generate_and_score.stream_sample(engine, again, GREEDY, "re", turns=turns))
     return again
 
 
@@ -112,9 +112,9 @@ def test_deferred_mid_turn_resumes_to_the_uninterrupted_trajectory(actor_engine,
     async def interrupted():
         async def on_tokens(sample, ids):
             if len(sample.output_ids) >= cut_at and sample.mask()[-1]:
-                generation.abort(actor_engine, sample, "mid")
+                generate_and_score.abort(actor_engine, sample, "mid")
 
-        await generation.stream_sample(actor_engine, part, GREEDY, "mid", on_tokens, turns=turns)
+        await generate_and_score.stream_sample(actor_engine, part, GREEDY, "mid", on_tokens, turns=turns)
 
     run(actor_engine, interrupted())
     assert part.finish_reason == "abort" and cut_at <= len(part.output_ids) < len(full.output_ids)
@@ -131,7 +131,7 @@ def test_deferred_between_turns_resumes_to_the_uninterrupted_trajectory(actor_en
     async def cut() -> bool:
         return False
 
-    run(actor_engine, generation.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns, go_on=cut))
+    run(actor_engine, generate_and_score.stream_sample(actor_engine, part, GREEDY, "btw", turns=turns, go_on=cut))
     assert part.finish_reason == "abort" and len(part.observations) == 1 and not part.mask()[-1]
     done = _resumed(actor_engine, turns, part)
     assert (done.output_ids, done.mask(), done.observations) == (full.output_ids, full.mask(), full.observations)
@@ -184,7 +184,7 @@ def test_an_environment_failure_is_one_line_naming_it_and_the_turn(actor_engine,
     s = Sample(2, list(prompt(tokenizer)), 96)
     turns = turns_of(tokenizer, env, timeout_s=0.5)
     with pytest.raises(EnvError) as info:
-        run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "err", turns=turns.multi_turn()))
+        run(actor_engine, generate_and_score.generate(actor_engine, [s], GREEDY, "err", turns=turns.multi_turn()))
     line = str(info.value)
     assert "\n" not in line and f"rollout.env {env.name}: turn " in line and "of sample 2" in line
     assert cause in line and "reward.on_error=zero" in line
@@ -196,7 +196,7 @@ def test_on_error_zero_ends_the_trajectory_there_and_counts_it(actor_engine, tok
     s = Sample(3, list(prompt(tokenizer)), 96)
     turns = turns_of(tokenizer, ScriptedEnv(replies=REPLIES, turn_rewards=(0.25, 0.5), fail_at=1),
                      on_error="zero", errors=errors)
-    run(actor_engine, generation.generate(actor_engine, [s], GREEDY, "zero", turns=turns.multi_turn()))
+    run(actor_engine, generate_and_score.generate(actor_engine, [s], GREEDY, "zero", turns=turns.multi_turn()))
     assert errors.count == 1 and "turn 2 of sample 3" in errors.last
     assert s.turns == 2 and len(s.observations) == 1 and s.env_reward == 0.25
     assert s.finish_reason == "stop" and s.mask()[-1] == 1

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from colocate.engine import reward
-from colocate.rollout import generation, schedule
+from colocate.rollout import generate_and_score, schedule
 from colocate.engine.reward_feeder import RewardFeeder
 from colocate.rollout.sample import Sample
 from colocate.engine.reward import ScoreClient
-from colocate.rollout.scoring import Scorer
+from colocate.rollout.generate_and_score import Scorer
 from tests.conftest import THREADS  # one thread per engine: pooled across modes
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_cut_defers_partials_that_resume_exactly(actor_engine, reward_engine):
     prompts = _prompts(4)
     budgets = [6, 64, 64, 64]
     full = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
-    loop.run_until_complete(generation.generate(actor_engine, full, GREEDY, "unint"))
+    loop.run_until_complete(generate_and_score.generate(actor_engine, full, GREEDY, "unint"))
 
     samples = [Sample(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))]
     res = loop.run_until_complete(schedule.Schedule(actor_engine).run(

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from colocate.rollout import generation, schedule
+from colocate.rollout import generate_and_score, schedule
 from colocate.rollout.schedule import LiveRequests
 from colocate.rollout.sample import Sample, Status
 from tests.integration.test_engine_weights import buckets
@@ -68,7 +68,7 @@ def test_paused_stragglers_continue_to_the_uninterrupted_greedy_tokens(engine_fo
     actor_engine = engine_for(mode)
     run = actor_engine.loop.run_until_complete
     full = _samples()
-    run(generation.generate(actor_engine, full, GREEDY, "unint"))
+    run(generate_and_score.generate(actor_engine, full, GREEDY, "unint"))
     live = LiveRequests()
     res = _cut(actor_engine, mode, live)
     assert [s.index for s in res.completed] == [0]
@@ -124,7 +124,7 @@ def test_after_a_weight_update_tokens_carry_versions_and_behaviour_logprobs(engi
             assert s.output_ids[:len(partial)] == partial
             if mode == "retract":  # KV recomputed under the new weights: a fresh request's continuation
                 fresh = Sample(50 + s.index, s.prompt_ids + s.output_ids[:k], s.max_new_tokens - k)
-                run(generation.generate(actor_engine, [fresh], GREEDY, "fresh"))
+                run(generate_and_score.generate(actor_engine, [fresh], GREEDY, "fresh"))
                 assert fresh.output_ids == s.output_ids[k:]
                 assert max(abs(a - b) for a, b in zip(fresh.logprobs, s.logprobs[k:])) < 1e-4
             else:  # in place: the new weights decode on the old weights' KV
@@ -148,7 +148,7 @@ def test_no_stale_prefix_is_served_while_paused_requests_keep_the_cache(in_place
         actor_engine.update_weights(buckets(new, 20_000), version=v0 + 1)
         assert actor_engine.paused == "in_place"  # the flush was skipped, the stragglers still hold KV
         probe = Sample(90, list(res.unfinished[0].prompt_ids), 8)
-        run(generation.generate(actor_engine, [probe], GREEDY, "probe"))  # continues the engine too
+        run(generate_and_score.generate(actor_engine, [probe], GREEDY, "probe"))  # continues the engine too
         assert probe.cached_tokens == 0
         with torch.no_grad():
             want = new.generate(torch.tensor([probe.prompt_ids]), max_new_tokens=8, do_sample=False)[0]

@@ -32,7 +32,7 @@ from colocate.engine.runtime import SglangEngine, run_guarded
 from colocate.engine.reward import ScoreClient
 from colocate.assets.random_models import build_tiny_reward_model
 from colocate.rollout.data_source import TokenizedPrompt
-from colocate.rollout.scoring import Scorer
+from colocate.rollout.generate_and_score import Scorer
 from colocate.assets.tasks import chat_prompt_ids
 
 pytestmark = pytest.mark.slow

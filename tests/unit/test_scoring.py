@@ -1,4 +1,4 @@
-"""colocate.rollout.scoring.Scorer: a response's reward = (model score + every reward function) ×
+"""colocate.rollout.generate_and_score.Scorer: a response's reward = (model score + every reward function) ×
 reward.scale, whichever way the model score came (streamed, one-shot, none)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from colocate.rollout.sample import Sample
-from colocate.rollout.scoring import Scorer
+from colocate.rollout.generate_and_score import Scorer
 
 
 def _sample(index: int, out: list[int], record=None) -> Sample:
