@@ -316,7 +316,10 @@ def generate(model, prompts, prompts_file, max_new_tokens, temperature, top_p, s
       colocate generate runs/default --prompt "What do you think of Mondays?"
       colocate generate smollm2 --prompts-file prompts.txt --temperature 0.7 --jsonl
     """
-    texts = list(prompts) + ([line.strip() for line in prompts_file if line.strip()] if prompts_file else [])
+    from_file = [line.strip() for line in prompts_file if line.strip()] if prompts_file else []
+    if prompts_file is not None and not from_file and not prompts:
+        raise ColocateError(f"--prompts-file {prompts_file.name}: no prompts in it (one a line, blank lines skipped)")
+    texts = list(prompts) + from_file
     hide_library_bars(log_level_of(model))  # a run's engines.log_level (the default for a model folder)
     out = api.generate(model, texts, log=_note, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat)

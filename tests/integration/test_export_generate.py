@@ -15,6 +15,7 @@ from colocate.run import checkpoint
 from colocate.cli import main
 from colocate.config import load_config
 from colocate.assets.tasks import chat_prompt_ids
+from colocate.tools.sample import model_folder
 
 pytestmark = pytest.mark.slow
 SEEDS = (11, 12)  # its tiny_pair: modules with equal seeds run one after another on the pool's engines (conftest)
@@ -82,6 +83,7 @@ def test_cli_export_and_generate(trained_run, tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["generate", "{run}"], "no prompts: pass --prompt"),
+    (["generate", "{run}", "--prompts-file", "{blank}"], "blank.txt: no prompts in it (one a line"),
     (["generate", "{run}", "--prompt", "x", "--temperature", "-1"], "--temperature -1.0: must be >= 0"),
     (["generate", "{run}", "--prompt", "x", "--temperature", "inf"], "--temperature inf: must be >= 0 and finite"),
     (["generate", "{run}", "--prompt", "x", "--max-new-tokens", "100000"], "> the model's context of"),  # no engine
@@ -90,8 +92,10 @@ def test_cli_export_and_generate(trained_run, tmp_path):
 ])
 def test_cli_bad_input_is_one_line(trained_run, tmp_path, args, needle):
     summary, _ = trained_run
+    model_folder(str(summary.out_dir))  # the run's actor exported once (its two lines), whichever test runs first
     (tmp_path / "empty").mkdir()
-    args = [a.format(run=summary.out_dir, empty=tmp_path / "empty") for a in args]
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    args = [a.format(run=summary.out_dir, empty=tmp_path / "empty", blank=tmp_path / "blank.txt") for a in args]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
