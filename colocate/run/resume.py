@@ -231,7 +231,9 @@ def _refuse_dropping_deferred(cfg: Config, where: Path) -> None:
 
 def _refuse_fixed(changes: Sequence[tuple[str, Any, Any]]) -> None:
     """One line naming each key of ``changes`` (the fixed ones a config changes) and both its values."""
-    fixed = [f"{key} cannot change when resuming (the run has {a!r}, this config {b!r})" for key, a, b in changes]
+    fixed = [f"{key} cannot change when resuming (the run has {a!r}, this config {b!r}"
+             f"{'; with data.filter_overlong_prompts it decides which prompts the run trains on' if key in FILTERED else ''})"
+             for key, a, b in changes]
     if fixed:
         raise ConfigError("; ".join(fixed) + f"; {_FIX}")
 

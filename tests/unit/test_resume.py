@@ -107,6 +107,7 @@ def _kept_or_refused(tmp_path, run, override, refused) -> None:
         resume.load_run_config(tmp_path / "run", overrides=[override])
     key, value = override.split("=")
     assert "\n" not in str(e.value) and str(e.value).startswith(f"{key} cannot change when resuming (the run has ")
+    assert ("decides which prompts the run trains on" in str(e.value)) == (key in resume.FILTERED)
 
 
 @pytest.mark.parametrize("run,override,refused", [
