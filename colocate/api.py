@@ -62,7 +62,8 @@ class Summary:
             return f"no steps run; output in {self.out_dir}"
         s = run_summary(self.history, self.evals)
         k = max(1, min(5, sum("reward_mean" in h for h in self.history) // 4))
-        stopped = f"stopped by {self.stopped_by} at step {self.steps}; " if self.stopped_by else ""
+        stopped = (f"stopped by {self.stopped_by} at step {self.steps} (checkpointed; continue it with --resume "
+                   f"{self.out_dir}); ") if self.stopped_by else ""
         reward = (f"reward {s['reward_first']:+.3f} (first {k}) → {s['reward_last']:+.3f} (last {k}); "
                   if "reward_first" in s else "")
         if "eval_reward_first" in s:

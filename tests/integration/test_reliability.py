@@ -104,9 +104,9 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(models, overrides, t
     rest, _ = proc.communicate(timeout=300)
     text = "".join(seen) + rest
     assert proc.returncode == 0, text[-2000:]
-    assert "stopped by SIGTERM" in text
     step, _ = checkpoint.load(checkpoint.latest(out))
     assert 1 <= step < 50
+    assert f"stopped by SIGTERM at step {step} (checkpointed; continue it with --resume {out})" in text
 
 
 def test_sigterm_while_starting_ends_in_one_line_and_leaves_no_process(models, overrides, tmp_path):
