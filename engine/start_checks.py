@@ -1,7 +1,7 @@
 """Checks that turn bad engine input into one line before SGLang sees it.
 
 Owns: the model folder checks (missing folder, wrong model family, non-causal reward
-model, shipped model code), the allocator setting SGLang's memory saver cannot work with,
+model, shipped model code, safetensors weights cut short or of another config), the allocator setting SGLang's memory saver cannot work with,
 SGLang's own arguments an engine is given (the ones it sets itself, unknown names and
 wrong scalar types against SGLang's ``ServerArgs``), whether
 SGLang can load the model (its model config built and class resolved as a scheduler would,
@@ -59,6 +59,49 @@ def model_config(model_path: str, field: str) -> dict[str, Any]:
     return data
 
 
+# the input embedding and output head: their rows are the vocabulary's (config.json's vocab_size)
+_VOCAB_ROWS = ("embed_tokens.weight", "wte.weight", "lm_head.weight", "embed_in.weight", "embed_out.weight")
+
+
+def check_weights(model_path: str, field: str) -> None:
+    """A model folder's safetensors weights as SGLang and transformers will read them, from
+    their headers only (milliseconds at any size): every shard its index names is there,
+    every file's header is whole and covers the file (a truncated download or copy), and the
+    embedding and output head have ``vocab_size`` rows (a config.json of another model).
+    Each is one line naming ``field``; before, a copy cut short passed ``--check`` and failed
+    as SGLang loaded it. A folder with other weight formats (``.bin``) is not checked here."""
+    from safetensors import safe_open
+
+    folder = Path(model_path).expanduser()
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+            raise EngineStartError(f"{field}: {index} is not a readable safetensors index ({type(exc).__name__}: "
+                                   f"{' '.join(str(exc).split())[:200]}); fetch the model again") from None
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            raise EngineStartError(f"{field}: '{model_path}' lacks {len(missing)} of the {len(shards)} weight files its "
+                                   f"index names ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); the "
+                                   "download or copy is incomplete: fetch the model again")
+        files = [folder / name for name in shards]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    vocab = model_config(model_path, field).get("vocab_size") if files else None
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as f:
+                rows = [(name, f.get_slice(name).get_shape()) for name in f.keys() if name.endswith(_VOCAB_ROWS)]
+        except Exception as exc:  # safetensors' SafetensorError: a header cut short, or not a safetensors file
+            raise EngineStartError(f"{field}: {file} is not a whole safetensors file ({' '.join(str(exc).split())[:200]}); "
+                                   "the download or copy is incomplete or damaged: fetch the model again") from None
+        for name, shape in rows:
+            if isinstance(vocab, int) and len(shape) == 2 and shape[0] != vocab:
+                raise EngineStartError(f"{field}: '{model_path}': config.json's vocab_size is {vocab} but {name} has "
+                                       f"{shape[0]} rows; the config and the weights are of different models")
+
+
 def check_remote_code(model_path: str, field: str, trusted: bool) -> None:
     """A model folder whose config maps its classes to code it ships (``auto_map``) runs
     that code when loaded: refuse it unless ``trusted`` (the caller's setting) says so. Its
@@ -87,6 +130,7 @@ def check_model(cfg, field: str) -> str:
     """Validate the model folder for ``cfg.role`` (an ``EngineConfig``) before starting SGLang."""
     arch = read_architecture(cfg.model_path, field)
     check_remote_code(cfg.model_path, field, cfg.trust_remote_code)
+    check_weights(cfg.model_path, field)
     if cfg.role == "actor" and not is_causal_lm(arch):
         raise EngineStartError(
             f"{field}: '{cfg.model_path}' is a {arch or 'model without architectures'}; "

@@ -30,7 +30,7 @@ from colocate.config import Config
 from colocate.rollout.schedule import check_pause_mode
 from colocate.engine.pool import EnginePool
 from colocate.engine.engine_config import EngineConfig
-from colocate.engine.start_checks import check_remote_code, check_startable, read_architecture
+from colocate.engine.start_checks import check_remote_code, check_startable, check_weights, read_architecture
 from colocate.monitor.timeline import Timeline
 from colocate.errors import ConfigError, config_terms
 from colocate.rollout.env import Environment
@@ -325,6 +325,7 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
     critic_path = resolve_model(cfg.models.critic, "models.critic") if cfg.models.critic else actor_path
     if cfg.models.critic:  # the trainer loads it (no engine checks it): a model folder, or one line now
         read_architecture(critic_path, "models.critic")
+        check_weights(critic_path, "models.critic")
     trusted = cfg.models.trust_remote_code
     for path, field in ((actor_path, "models.actor"), (reward_path, "models.reward"), (critic_path, "models.critic")):
         if path is not None:

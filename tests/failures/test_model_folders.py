@@ -96,6 +96,46 @@ def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case
         assert line.startswith(head), line
 
 
+@pytest.mark.parametrize("case, expected", [
+    # before: --check said ok, and the run failed as SGLang loaded the weights
+    ("weights cut short", "error: models.actor: {path}/model.safetensors is not a whole safetensors file (Error while "
+                          "deserializing header: incomplete metadata, file not fully covered); the download or copy is "
+                          "incomplete or damaged: fetch the model again"),
+    ("config of another vocabulary", "error: models.actor: '{path}': config.json's vocab_size is 50 but "
+                                     "{head} has {rows} rows; the config and the weights are of different models"),
+    ("a shard missing", "error: models.actor: '{path}' lacks 1 of the 2 weight files its index names "
+                        "(model-00002-of-00002.safetensors); the download or copy is incomplete: fetch the model again"),
+])
+def test_weights_cut_short_or_of_another_config_are_one_line_before_any_engine(actor, tmp_path, case, expected):
+    from safetensors import safe_open
+
+    where = _copy(actor, tmp_path / "actor")
+    weights = where / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        head = next(name for name in f.keys() if name.endswith("embed_tokens.weight"))
+        rows = f.get_slice(head).get_shape()[0]
+    if case == "weights cut short":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    elif case == "config of another vocabulary":
+        config = json.loads((where / "config.json").read_text())
+        (where / "config.json").write_text(json.dumps({**config, "vocab_size": 50}))
+        head = "lm_head.weight" if config.get("tie_word_embeddings") is False else head
+    else:
+        weights.rename(where / "model-00001-of-00002.safetensors")
+        (where / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    line = _one_line(_check(tmp_path, f"models.actor={where}"))
+    if case == "config of another vocabulary":  # the first of the embedding and the head in the file's order
+        assert line.startswith(expected.split("{head}")[0].format(path=where)) and line.endswith(
+            f"has {rows} rows; the config and the weights are of different models"), line
+    else:
+        assert line == expected.format(path=where), line
+    critic = _copy(where, tmp_path / "critic")  # the trainer's critic folder too, which no engine checks
+    line = _one_line(_check(tmp_path, f"models.actor={actor}", f"models.critic={critic}"))
+    assert line.startswith("error: models.critic: "), line
+
+
 def test_a_critic_folder_without_a_model_is_one_line_before_any_engine(actor, tmp_path):
     """The critic backbone is loaded by the trainer, after the engines started (~30 s on CPU):
     its folder is checked with the others (before: a line naming no field, after the start).
