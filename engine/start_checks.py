@@ -1,7 +1,8 @@
 """Checks that turn bad engine input into one line before SGLang sees it.
 
 Owns: the model folder checks (missing folder, wrong model family, non-causal reward
-model, shipped model code, safetensors weights cut short or of another config), the allocator setting SGLang's memory saver cannot work with,
+model, shipped model code, safetensors weights cut short, saved through a training wrapper or
+of another config), the allocator setting SGLang's memory saver cannot work with,
 SGLang's own arguments an engine is given (the ones it sets itself, unknown names and
 wrong scalar types against SGLang's ``ServerArgs``), whether
 SGLang can load the model (its model config built and class resolved as a scheduler would,
@@ -61,13 +62,18 @@ def model_config(model_path: str, field: str) -> dict[str, Any]:
 
 # the input embedding and output head: their rows are the vocabulary's (config.json's vocab_size)
 _VOCAB_ROWS = ("embed_tokens.weight", "wte.weight", "lm_head.weight", "embed_in.weight", "embed_out.weight")
+# what a training wrapper puts into the names of a state dict saved through it: torch.compile,
+# DDP, FSDP 1 and activation checkpointing
+_WRAPPERS = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
 def check_weights(model_path: str, field: str) -> None:
     """A model folder's safetensors weights as SGLang and transformers will read them, from
     their headers only (milliseconds at any size): every shard its index names is there,
-    every file's header is whole and covers the file (a truncated download or copy), and the
-    embedding and output head have ``vocab_size`` rows (a config.json of another model).
+    every file's header is whole and covers the file (a truncated download or copy), no weight
+    name carries a training wrapper's prefix (a state dict saved through torch.compile, DDP or
+    FSDP: SGLang skips such names and serves the model at random), and the embedding and output
+    head have ``vocab_size`` rows (a config.json of another model).
     Each is one line naming ``field``; before, a copy cut short passed ``--check`` and failed
     as SGLang loaded it. A folder with other weight formats (``.bin``) is not checked here."""
     from safetensors import safe_open
@@ -92,10 +98,18 @@ def check_weights(model_path: str, field: str) -> None:
     for file in files:
         try:
             with safe_open(str(file), "pt") as f:
-                rows = [(name, f.get_slice(name).get_shape()) for name in f.keys() if name.endswith(_VOCAB_ROWS)]
+                names = list(f.keys())
+                rows = [(name, f.get_slice(name).get_shape()) for name in names if name.endswith(_VOCAB_ROWS)]
         except Exception as exc:  # safetensors' SafetensorError: a header cut short, or not a safetensors file
             raise EngineStartError(f"{field}: {file} is not a whole safetensors file ({' '.join(str(exc).split())[:200]}); "
                                    "the download or copy is incomplete or damaged: fetch the model again") from None
+        wrapped = next((name for name in names if any(name.startswith(w) or f".{w}" in name for w in _WRAPPERS)), None)
+        if wrapped is not None:
+            raise EngineStartError(f"{field}: '{model_path}' holds weights saved through a training wrapper "
+                                   f"('{wrapped}': torch.compile's _orig_mod., DDP's module., FSDP's or activation "
+                                   "checkpointing's wrapped modules), whose names neither SGLang nor transformers "
+                                   "reads, so the model would start at random; save the unwrapped model with "
+                                   "save_pretrained")
         for name, shape in rows:
             if isinstance(vocab, int) and len(shape) == 2 and shape[0] != vocab:
                 raise EngineStartError(f"{field}: '{model_path}': config.json's vocab_size is {vocab} but {name} has "

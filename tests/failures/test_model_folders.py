@@ -105,6 +105,12 @@ def test_a_folder_without_a_model_or_tokenizer_is_one_line(actor, tmp_path, case
                                      "{head} has {rows} rows; the config and the weights are of different models"),
     ("a shard missing", "error: models.actor: '{path}' lacks 1 of the 2 weight files its index names "
                         "(model-00002-of-00002.safetensors); the download or copy is incomplete: fetch the model again"),
+    # before: SGLang skipped the names and served random weights; the trainer refused them after the engines started
+    ("saved through torch.compile", "error: models.actor: '{path}' holds weights saved through a training wrapper "
+                                    "('_orig_mod.{first}': torch.compile's _orig_mod., DDP's module., FSDP's or "
+                                    "activation checkpointing's wrapped modules), whose names neither SGLang nor "
+                                    "transformers reads, so the model would start at random; save the unwrapped model "
+                                    "with save_pretrained"),
 ])
 def test_weights_cut_short_or_of_another_config_are_one_line_before_any_engine(actor, tmp_path, case, expected):
     from safetensors import safe_open
@@ -121,6 +127,14 @@ def test_weights_cut_short_or_of_another_config_are_one_line_before_any_engine(a
         config = json.loads((where / "config.json").read_text())
         (where / "config.json").write_text(json.dumps({**config, "vocab_size": 50}))
         head = "lm_head.weight" if config.get("tie_word_embeddings") is False else head
+    elif case == "saved through torch.compile":
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(weights)
+        with safe_open(str(weights), "pt") as f:
+            first = next(iter(f.keys()))
+        save_file({f"_orig_mod.{k}": v for k, v in state.items()}, weights, metadata={"format": "pt"})
+        expected = expected.replace("{first}", first)
     else:
         weights.rename(where / "model-00001-of-00002.safetensors")
         (where / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
