@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from colocate.assets import tasks
+from colocate.assets.data_files import library_errors_held
 from colocate.run import leftovers, run_folder, timesharing, weight_sync
 from colocate.config import Config
 from colocate.rollout.schedule import check_pause_mode
@@ -220,8 +221,11 @@ def kl_on(cfg: Config) -> bool:
 
 def make_trainer(cfg: Config, actor_path: str, critic_path: str, dist, **settings):
     """The PPO trainer (actor, reference, critic unless critic-free, on FSDP2) with the
-    settings of ``cfg`` (`trainer_settings`)."""
-    return PPOTrainer(trainer_settings(cfg, actor_path, critic_path, dist.device, **settings), dist)
+    settings of ``cfg`` (`trainer_settings`). transformers' lines while it loads the models
+    (its load report) are printed after it, and dropped when the trainer refuses a model in
+    its own one line."""
+    with library_errors_held("transformers"):
+        return PPOTrainer(trainer_settings(cfg, actor_path, critic_path, dist.device, **settings), dist)
 
 
 def make_rollouts(cfg: Config, actor, reward, reward_cfg, reward_fns: Sequence[RewardFn], tokenizer,

@@ -2,6 +2,7 @@
 promised; colocate.assets.models: the cache folder, the SmolLM2 source, the atomic install."""
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,33 @@ def test_an_actor_folder_missing_a_weight_is_one_line_not_a_random_start(tmp_pat
     assert str(e.value) == (f"models.actor: '{folder}' lacks 1 weight(s) its LlamaForCausalLM needs (e.g. "
                             "model.layers.0.self_attn.q_proj.weight), which transformers would start at random; "
                             "use a complete model folder (re-save it with save_pretrained)")
+
+
+def test_the_runs_trainer_refusing_a_model_says_one_line_without_transformers_load_report(tmp_path, world1):
+    """transformers prints a load report (a table of every missing and unexpected weight)
+    before the trainer's own line: the run holds it, and drops it when the trainer refuses
+    the model (``builder.make_trainer``)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from colocate.config import load_config
+    from colocate.run.builder import make_trainer
+
+    folder = Path(shutil.copytree(random_models.build_tiny_causal_lm(tmp_path / "lm", seed=4), tmp_path / "cut"))
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.1.self_attn.k_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    said: list[str] = []
+    watch = logging.Handler(logging.WARNING)  # beside transformers' own handler, held with it
+    watch.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(watch)
+    try:
+        with pytest.raises(ModelSourceError, match="lacks 1 weight"):
+            make_trainer(load_config(overrides=[f"models.actor={folder}"]), str(folder), str(folder), world1)
+    finally:
+        logging.getLogger("transformers").removeHandler(watch)
+    assert not any("LOAD REPORT" in line for line in said), said
 
 
 def test_an_unwritable_model_cache_is_one_line_naming_the_setting(tmp_path):
