@@ -61,7 +61,34 @@ def _note(message: str) -> None:
     click.echo(message, err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """colocate's commands, with click's usage errors (a missing argument, an option's bad
+    value, an unknown option) in the CLI's one-line form and exit 2, as every other bad input:
+    ``error: colocate export: Invalid value for 'RUN': ... (colocate export --help)``; before,
+    click's usage line, a hint line, a blank line and its message."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
+        if not standalone_mode:  # a caller that handles click's exceptions itself
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare `colocate`: the help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "colocate"
+            click.echo(f"error: {where}: {visible(exc.format_message())} ({where} --help)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="colocate")
 def main() -> None:
     """colocate: SGLang-native PPO with generation, reward scoring and FSDP training

@@ -15,6 +15,28 @@ def test_help_everywhere(cmd):
     assert result.exit_code == 0 and "Usage:" in result.output
 
 
+@pytest.mark.parametrize("args,said", [
+    (["export", "/no/such/run"], "error: colocate export: Invalid value for 'RUN': Directory '/no/such/run' does not "
+                                 "exist. (colocate export --help)"),
+    (["generate"], "error: colocate generate: Missing argument 'MODEL'. (colocate generate --help)"),
+    (["train", "--nproc", "abc"], "error: colocate train: Invalid value for '--nproc': 'abc' is not a valid integer "
+                                  "range. (colocate train --help)"),
+    (["train", "--bogus"], "error: colocate train: No such option '--bogus'. (colocate train --help)"),
+    (["nosuch"], "error: colocate: No such command 'nosuch'. (colocate --help)"),
+])
+def test_a_usage_error_is_one_line_naming_the_command(args, said):
+    """Before: click's usage line, a hint, a blank line and its 'Error: ...'."""
+    result = CliRunner().invoke(main, args, prog_name="colocate")
+    assert result.exit_code == 2 and result.output.strip() == said, result.output
+
+
+def test_a_bare_command_shows_the_help_and_version_exits_zero():
+    bare = CliRunner().invoke(main, [], prog_name="colocate")
+    assert bare.exit_code == 2 and bare.output.startswith("Usage: colocate [OPTIONS] COMMAND"), bare.output
+    version = CliRunner().invoke(main, ["--version"], prog_name="colocate")
+    assert version.exit_code == 0 and version.output.startswith("colocate, version "), version.output
+
+
 def test_train_print_config_applies_overrides():
     result = CliRunner().invoke(main, ["train", "--print-config", "--set", "run.steps=7", "--set", "overlap.mode=oppo"])
     assert result.exit_code == 0
