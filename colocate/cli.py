@@ -368,7 +368,8 @@ def generation_lines(g: Generation) -> str:
 @click.option("--step", type=int, default=None, help="Only this step (default: the last step written).")
 @click.option("--all-steps", is_flag=True, help="Every step written.")
 @click.option("--eval", "evaluation", is_flag=True, help="The held-out evaluations' completions.")
-@click.option("--width", type=int, default=100, show_default=True, help="Characters of a prompt shown.")
+@click.option("--width", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Characters of a prompt shown.")
 @_friendly
 def show(run, step, all_steps, evaluation, width):
     """Print what the model wrote in RUN: each sample's prompt, response, reward and its
@@ -386,7 +387,7 @@ def show(run, step, all_steps, evaluation, width):
         rows = [r for r in rows if r["step"] == rows[-1]["step"]]
     if not rows:
         asked = f"of step {step} " if step is not None else ""
-        raise click.ClickException(f"no samples {asked}in {run}; it has {completions.written_steps(written)}")
+        raise ColocateError(f"no samples {asked}in {run}; it has {completions.written_steps(written)}")
     completions.show(rows, width=width, echo=click.echo)
 
 

@@ -93,5 +93,8 @@ def test_show_of_a_step_not_written_names_those_that_are(tmp_path):
     rows = [completions.row(s, _sample(i, [i, i + 1], [0, 0]), _decode, 0) for s, i in ((1, 0), (2, 1))]
     completions.append(tmp_path / completions.TRAIN_FILE, rows)
     result = CliRunner().invoke(main, ["show", str(tmp_path), "--step", "999"])
-    assert result.exit_code == 1 and result.output.strip() == f"Error: no samples of step 999 in {tmp_path}; it has steps 1-2"
+    assert result.exit_code == 2 and result.output.strip() == f"error: no samples of step 999 in {tmp_path}; it has steps 1-2"
     assert CliRunner().invoke(main, ["show", str(tmp_path), "--step", "2"]).output.startswith("step 2 sample 1")
+    narrow = CliRunner().invoke(main, ["show", str(tmp_path), "--width", "-5"], prog_name="colocate")
+    assert narrow.exit_code == 2 and narrow.output.strip() == (
+        "error: colocate show: Invalid value for '--width': -5 is not in the range x>=1. (colocate show --help)")
