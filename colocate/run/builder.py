@@ -317,8 +317,8 @@ def start_inputs(cfg: Config, env: Environment | None, placement: Placement, wor
                  reward_fns: Sequence[RewardFn] = (), *, build_models: bool = True,
                  log: Callable[[str], None] = print) -> StartInputs:
     """Models resolved, remote code, world size, LoRA's target names against the models,
-    reward functions loaded, prompts tokenized
-    (``data.max_prompt_tokens``; ``log``: the prompts left out), each engine's model against SGLang (its folder, arguments,
+    reward functions loaded, prompts tokenized (``data.max_prompt_tokens``; ``log``: the
+    prompts left out), each engine's model against SGLang (its folder, weights, arguments,
     model class and config: ``engine.start_checks.check_startable``, on ranks that host
     engines), prompt + budget against each engine's context and KV pool: every refusal one
     line, no engine started. ``build_models=False``: a reward

@@ -92,13 +92,12 @@ class RunContext:
 def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: bool = True, *,
                      drop_overlong: bool = False) -> list[TokenizedPrompt]:
     """Chat-format and tokenize ``colocate.assets.tasks.Prompt`` items (their text, or their chat
-    messages; ``chat`` False, ``data.apply_chat_template=false``: the text as it is); prompts
+    messages; ``chat`` False, ``data.apply_chat_template=false``: the text as it is). Prompts
     longer than ``max_tokens`` are refused in one line naming the first, how many there are and
-    the longest (``drop_overlong``, ``data.filter_overlong_prompts``: left out), and so are
-    messages the chat template refuses, naming the row; one
-    with more characters than that many tokens can hold is not tokenized
-    (``colocate.assets.prompt_chars``: refused at once, or left out); so is a tokenizer without
-    a chat template where one is needed."""
+    the longest (``drop_overlong``, ``data.filter_overlong_prompts``: left out); one with more
+    characters than that many tokens can hold is not tokenized (``colocate.assets.prompt_chars``:
+    refused at once, or left out). Messages the chat template refuses are refused in one line
+    naming the row, and so is a tokenizer without a chat template where one is needed."""
     if chat and prompts and not getattr(tokenizer, "chat_template", None):
         raise ConfigError("models.actor: its tokenizer has no chat template (a base model?), and prompts are put in "
                           "one (data.apply_chat_template=true); set data.apply_chat_template=false to train on the "

@@ -6,8 +6,8 @@ Refused before any engine starts (``engine.start_checks.check_startable``: SGLan
 config built and its class resolved as a scheduler would, then the class's limits found
 here): a tiny random Gemma-2 actor (transformers 5's Gemma2Config writes no ``hidden_act``,
 which SGLang 0.5.23's gemma2 model reads) under ``colocate train --check`` and ``colocate
-train``. A model that passes those checks but fails inside the scheduler (a weights file
-cut short) reaches the start's own failure path: one line naming the folder, the
+train``. A model that passes those checks but fails inside the scheduler (a weight of the
+wrong shape) reaches the start's own failure path: one line naming the folder, the
 architecture and SGLang's own last line, the process alive (exit 2, not 137), SGLang's
 whole output kept in the file the line names."""
 
@@ -83,13 +83,20 @@ def test_an_attention_backend_sglang_lacks_is_one_line_before_any_engine(tmp_pat
 
 @pytest.mark.slow
 def test_a_model_the_scheduler_cannot_load_is_one_line_and_the_process_lives(tmp_path):
-    """The folder passes every check (its config is a Llama's); SGLang's scheduler fails
-    reading the cut weights and SIGQUITs its parent, which lives to print one line. After
-    it, a garbage collection returns (the failed start's ZeroMQ context was ended: before,
-    collecting it waited forever, at exit or wherever the allocator ran one)."""
+    """The folder passes every check (its config is a Llama's, its weight files whole); SGLang's
+    scheduler fails loading a weight of the wrong shape and SIGQUITs its parent, which lives to
+    print one line. After it, a garbage collection returns (the failed start's ZeroMQ context
+    was ended: before, collecting it waited forever, at exit or wherever the allocator ran one).
+    (A weight file cut short was this test's folder until the start checks read the headers:
+    ``test_model_folders``.)"""
+    from safetensors.torch import load_file, save_file
+
     folder = build_tiny_causal_lm(tmp_path / "cut", arch="llama")
     weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:4096])
+    state = load_file(weights)
+    norm = state["model.norm.weight"]
+    state["model.norm.weight"] = norm[: norm.shape[0] // 2].contiguous()  # half its size
+    save_file(state, weights, metadata={"format": "pt"})
     args = ["generate", str(folder), "--prompt=hi", "--max-new-tokens=4", "--device=cpu"]
     then_collect = ("import gc, sys\nfrom colocate.cli import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
                     "except SystemExit as exc:\n    code = exc.code\n"  # the error, and what it held, let go
