@@ -103,14 +103,13 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: b
                           "one (data.apply_chat_template=true); set data.apply_chat_template=false to train on the "
                           "prompt text as it is, or use a model whose tokenizer_config.json has a chat_template")
     out, limit = [], char_limit(tokenizer, max_tokens)
-    over: list[tuple[str, int | None]] = []  # (name, tokens; None: refused by its characters, not tokenized)
+    over: list[tuple[str, int]] = []  # (name, tokens) of those longer
     for i, prompt in enumerate(prompts):
         name = f"prompt {i}" + (f" ({prompt.where})" if prompt.where else "")
         chars = limit.over(prompt.contents) if limit is not None else 0
         if chars:
             if not drop_overlong:
                 raise ConfigError(_chars_line(limit, name, chars))
-            over.append((name, None))
             continue
         if not chat and prompt.messages:
             raise ConfigError(f"data: {name} is chat messages, which only a chat template can format; set "
@@ -132,17 +131,14 @@ def tokenize_prompts(tokenizer, prompts: Sequence[Any], max_tokens: int, chat: b
     return out
 
 
-def _overlong_line(over: Sequence[tuple[str, int | None]], total: int, max_tokens: int) -> str:
-    """The one line of prompts longer than ``max_tokens``: the first, how many, the longest tokenized."""
+def _overlong_line(over: Sequence[tuple[str, int]], total: int, max_tokens: int) -> str:
+    """The one line of prompts longer than ``max_tokens``: the first, how many, the longest."""
     name, n = over[0]
-    first = f"{name} has {n} tokens" if n is not None else f"{name} has more tokens"
-    counted = [x for x in over if x[1] is not None]
-    longest = max(counted, key=lambda x: x[1]) if counted else None
+    longest = max(over, key=lambda x: x[1])
     more = f" ({len(over)} of {total} prompts are longer; the longest tokenized, {longest[0]}, has {longest[1]})" \
-        if len(over) > 1 and longest is not None else ""
-    to = f" to {longest[1]}" if longest is not None and len(over) == len(counted) else ""
-    return (f"data: {first} > data.max_prompt_tokens {max_tokens}{more}; raise data.max_prompt_tokens{to}, "
-            "shorten the prompts, or leave them out with data.filter_overlong_prompts=true")
+        if len(over) > 1 else ""
+    return (f"data: {name} has {n} tokens > data.max_prompt_tokens {max_tokens}{more}; raise data.max_prompt_tokens "
+            f"to {longest[1]}, shorten the prompts, or leave them out with data.filter_overlong_prompts=true")
 
 
 def _chars_line(limit: CharLimit, name: str, chars: int) -> str:
@@ -331,10 +327,16 @@ class Session:
                  "rng": plain["rng"], "data": {"base": self.data.base, "ranks": [d for d, _ in ranks]},
                  "rollout": {"ranks": [r for _, r in ranks]}}
         # a resume names the checkpoint's models, and finds them (and the data) moved
-        meta = {"models": dataclasses.asdict(self.cfg.models), "fingerprints": fingerprints(self.cfg)}
+        meta = {"models": dataclasses.asdict(self.cfg.models), "fingerprints": self._fingerprints}
         step = plain["run"]["step"]
         return checkpoint.save(self.run.out_dir / "checkpoints", step, parts, keep=self.cfg.run.keep_checkpoints,
                                meta=meta, before_commit=lambda: self.fault("checkpoint", step))
+
+    @functools.cached_property
+    def _fingerprints(self) -> dict[str, dict[str, str]]:
+        """The run's model folders and data file by their bytes (``resume.fingerprints``), for every
+        checkpoint's manifest: read once a run, at its first checkpoint (the run does not change them)."""
+        return fingerprints(self.cfg)
 
     def restore(self, path: Path) -> None:
         """Load the checkpoint at ``path`` (a run folder or a checkpoint; today's layout) into the
